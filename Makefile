@@ -1,0 +1,53 @@
+# Quotient: build, test, lint, benchmark, simulate.
+# `make simulate` is the main job; `make test` installs what the tests need
+# (redis-server through apt when run as root) and runs the whole suite with
+# the race detector.
+
+SHELL := /bin/bash
+GO ?= go
+GOBIN := $(shell $(GO) env GOPATH)/bin
+export PATH := $(GOBIN):$(PATH)
+
+FUZZTIME ?= 5s
+BENCHTIME ?= 2s
+PKGS := ./...
+
+.PHONY: all build test test-unit fuzz lint bench simulate proto deps tools clean
+
+all: build
+
+build:
+	$(GO) build $(PKGS)
+
+deps:
+	@./scripts/deps.sh
+
+## test: the whole suite, race detector on, against real redis-server processes
+test: deps
+	$(GO) build $(PKGS)
+	$(GO) test -race -count=1 -timeout 45m $(PKGS)
+	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
+## lint: gofmt, go vet and staticcheck must be clean
+lint:
+	@./scripts/tools.sh
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	staticcheck $(PKGS)
+
+## bench: benchmarks with memory statistics (see README for the numbers measured)
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+## simulate: the standard scenario suite in virtual time; prints the accuracy table
+simulate:
+	$(GO) run ./cmd/quotient simulate --out out/simulate simulations/scenarios/*.json
+
+## proto: regenerate the committed protobuf code
+proto:
+	@./scripts/tools.sh proto
+	@command -v protoc >/dev/null || { echo "protoc missing: apt-get install -y protobuf-compiler"; exit 1; }
+	protoc --proto_path=proto --go_out=. --go_opt=module=github.com/quotientlabs/quotient $$(find proto -name '*.proto' | sort)
+
+clean:
+	rm -rf out
