@@ -1,0 +1,324 @@
+package limiter
+
+import "math"
+
+// This file is the reference for the algorithms: the in-memory store runs it
+// and the Lua script in script.lua mirrors it line for line, with the same
+// integer state and the same double-precision divisions in the same order,
+// so that both give identical decisions (see TestDifferential). Any change
+// here must be made there too.
+//
+// Units: time in milliseconds; bucket contents in micro-tokens; rates in
+// milli-tokens per second, which is micro-tokens per millisecond.
+
+const micro = 1_000_000
+
+// op is one policy's part of one store call.
+type op struct {
+	algo     Algorithm
+	enforce  bool
+	global   bool   // read the region's share (buckets) before deciding
+	cost     int64  // cost units; 0 peeks
+	rate     int64  // buckets: milli-tokens per second (default share when global)
+	burst    int64  // buckets: milli-tokens (default share when global)
+	limit    int64  // windows: cost units per window
+	windowMs int64  // windows: window length
+	policy   string // policy id
+}
+
+// logEntry is one admitted request of a sliding window log.
+type logEntry struct {
+	ts   int64
+	cost int64
+}
+
+// state is the stored state of one policy for one subject. Field use by
+// algorithm (and the Redis hash fields that hold them):
+//
+//	token_bucket:           a = tokens (µ), b = last update ms     ("t", "u")
+//	leaky_bucket:           a = level (µ), b = last update ms      ("l", "u")
+//	fixed_window:           a = window start ms, b = count         ("w", "n")
+//	sliding_window_counter: a = window start ms, b = current count,
+//	                        c = previous count                     ("w", "c", "p")
+//	sliding_window_log:     log (a Redis list of "ts:cost")
+type state struct {
+	a, b, c  int64
+	log      []logEntry
+	expireMs int64 // absolute; the key's TTL
+}
+
+// result is one policy's answer.
+type result struct {
+	allowed   bool  // this policy admits the request
+	remaining int64 // cost units left after this request (if admitted)
+	resetMs   int64 // until the policy is back to full quota
+	retryMs   int64 // when rejected: until this cost could be admitted; -1 never
+	delayMs   int64 // leaky bucket: how long to hold an admitted request
+}
+
+// ceilDiv is math.ceil(x / y) in double arithmetic, exactly as Lua computes
+// it.
+func ceilDiv(x, y int64) int64 {
+	return int64(math.Ceil(float64(x) / float64(y)))
+}
+
+// floorDiv is math.floor(x / y) in double arithmetic, as Lua computes it.
+func floorDiv(x, y int64) int64 {
+	return int64(math.Floor(float64(x) / float64(y)))
+}
+
+// advance moves st (nil when the key does not exist) to time now without
+// consuming, and returns the new state. rate and burst are the effective
+// bucket parameters (the share, for global policies).
+func advance(o *op, st *state, now, rate, burst int64) state {
+	switch o.algo {
+	case TokenBucket:
+		capU := burst * 1000
+		if st == nil {
+			return state{a: capU, b: now}
+		}
+		s := state{a: st.a, b: st.b}
+		if s.a > capU {
+			s.a = capU
+		}
+		if now > s.b {
+			missing := capU - s.a
+			if missing > 0 {
+				if now-s.b >= ceilDiv(missing, rate) {
+					s.a = capU
+				} else {
+					s.a += (now - s.b) * rate
+				}
+			}
+			s.b = now
+		}
+		return s
+	case LeakyBucket:
+		if st == nil {
+			return state{a: 0, b: now}
+		}
+		s := state{a: st.a, b: st.b}
+		if now > s.b {
+			if s.a > 0 {
+				if now-s.b >= ceilDiv(s.a, rate) {
+					s.a = 0
+				} else {
+					s.a -= (now - s.b) * rate
+				}
+			}
+			s.b = now
+		}
+		return s
+	case FixedWindow:
+		start := now - now%o.windowMs
+		if st == nil || start > st.a {
+			return state{a: start, b: 0}
+		}
+		return state{a: st.a, b: st.b}
+	case SlidingWindowCounter:
+		start := now - now%o.windowMs
+		if st == nil {
+			return state{a: start}
+		}
+		s := state{a: st.a, b: st.b, c: st.c}
+		switch {
+		case start <= s.a:
+		case start == s.a+o.windowMs:
+			s.c, s.b, s.a = s.b, 0, start
+		default:
+			s.c, s.b, s.a = 0, 0, start
+		}
+		return s
+	case SlidingWindowLog:
+		var s state
+		if st == nil {
+			return s
+		}
+		last := int64(math.MinInt64)
+		if n := len(st.log); n > 0 {
+			last = st.log[n-1].ts
+		}
+		if now < last {
+			now = last
+		}
+		i := 0
+		for i < len(st.log) && st.log[i].ts <= now-o.windowMs {
+			i++
+		}
+		s.log = st.log[i:]
+		return s
+	}
+	return state{}
+}
+
+// nowFor is the time the algorithm works at: never earlier than the state's
+// own time, so a clock that steps back mints nothing.
+func nowFor(o *op, s *state, now int64) int64 {
+	switch o.algo {
+	case TokenBucket, LeakyBucket:
+		if s.b > now {
+			return s.b
+		}
+	case SlidingWindowCounter, FixedWindow:
+		if s.a > now {
+			return s.a
+		}
+	case SlidingWindowLog:
+		if n := len(s.log); n > 0 && s.log[n-1].ts > now {
+			return s.log[n-1].ts
+		}
+	}
+	return now
+}
+
+// swcEstimate is the sliding window counter's weighted estimate
+// p*(W-e)/W + c, in doubles, in Lua's order of operations. The explicit
+// conversions forbid fused multiply-add, which would round differently.
+func swcEstimate(s *state, windowMs, elapsed int64) float64 {
+	prod := float64(float64(s.c) * float64(windowMs-elapsed))
+	return float64(prod/float64(windowMs)) + float64(s.b)
+}
+
+// decide evaluates one policy at now on the advanced state s: whether it
+// admits o.cost, and the answer it reports if the request is admitted
+// (consumed=true) or not.
+func decide(o *op, s *state, now, rate, burst int64) (admit bool, res result) {
+	now = nowFor(o, s, now)
+	switch o.algo {
+	case TokenBucket:
+		costU := o.cost * micro
+		capU := burst * 1000
+		admit = costU <= s.a
+		if !admit {
+			if costU > capU {
+				res.retryMs = -1
+			} else {
+				res.retryMs = ceilDiv(costU-s.a, rate)
+			}
+		}
+	case LeakyBucket:
+		costU := o.cost * micro
+		capU := burst * 1000
+		admit = s.a+costU <= capU
+		if admit {
+			res.delayMs = ceilDiv(s.a, rate)
+		} else if costU > capU {
+			res.retryMs = -1
+		} else {
+			res.retryMs = ceilDiv(s.a+costU-capU, rate)
+		}
+	case FixedWindow:
+		admit = s.b+o.cost <= o.limit
+		if !admit {
+			if o.cost > o.limit {
+				res.retryMs = -1
+			} else {
+				res.retryMs = s.a + o.windowMs - now
+			}
+		}
+	case SlidingWindowCounter:
+		e := now - s.a
+		est := swcEstimate(s, o.windowMs, e)
+		admit = est+float64(o.cost) <= float64(o.limit)
+		if !admit {
+			switch need := o.limit - s.b - o.cost; {
+			case o.cost > o.limit:
+				res.retryMs = -1
+			case need >= 0:
+				e2 := o.windowMs - int64(math.Floor(float64(float64(need)*float64(o.windowMs))/float64(s.c)))
+				res.retryMs = max(1, e2-e)
+			case s.b == 0:
+				res.retryMs = o.windowMs - e
+			default:
+				need2 := o.limit - o.cost
+				e3 := o.windowMs - int64(math.Floor(float64(float64(need2)*float64(o.windowMs))/float64(s.b)))
+				res.retryMs = o.windowMs - e + max(0, e3)
+			}
+		}
+	case SlidingWindowLog:
+		var total int64
+		for _, le := range s.log {
+			total += le.cost
+		}
+		admit = total+o.cost <= o.limit
+		if !admit {
+			if o.cost > o.limit {
+				res.retryMs = -1
+			} else {
+				need := total + o.cost - o.limit
+				var freed int64
+				for _, le := range s.log {
+					freed += le.cost
+					if freed >= need {
+						res.retryMs = le.ts + o.windowMs - now
+						break
+					}
+				}
+			}
+		}
+	}
+	return admit, res
+}
+
+// consume spends o.cost from the advanced state s at now and returns the
+// new state.
+func consume(o *op, s state, now int64) state {
+	now = nowFor(o, &s, now)
+	switch o.algo {
+	case TokenBucket:
+		s.a -= o.cost * micro
+	case LeakyBucket:
+		s.a += o.cost * micro
+	case FixedWindow, SlidingWindowCounter:
+		s.b += o.cost
+	case SlidingWindowLog:
+		log := make([]logEntry, len(s.log), len(s.log)+1)
+		copy(log, s.log)
+		s.log = append(log, logEntry{ts: now, cost: o.cost})
+	}
+	return s
+}
+
+// report fills the quota fields of res (remaining, reset) from the final
+// state s, and returns the key's TTL in milliseconds from now.
+func report(o *op, s *state, now, rate, burst int64, res *result) (ttlMs int64) {
+	now = nowFor(o, s, now)
+	switch o.algo {
+	case TokenBucket:
+		capU := burst * 1000
+		res.remaining = floorDiv(s.a, micro)
+		res.resetMs = ceilDiv(capU-s.a, rate)
+		return ceilDiv(capU, rate) + 1000
+	case LeakyBucket:
+		capU := burst * 1000
+		res.remaining = max(0, floorDiv(capU-s.a, micro))
+		res.resetMs = ceilDiv(s.a, rate)
+		return ceilDiv(capU, rate) + 1000
+	case FixedWindow:
+		res.remaining = max(0, o.limit-s.b)
+		res.resetMs = s.a + o.windowMs - now
+		return res.resetMs + 1000
+	case SlidingWindowCounter:
+		e := now - s.a
+		est := swcEstimate(s, o.windowMs, e)
+		res.remaining = max(0, int64(math.Floor(float64(o.limit)-est)))
+		switch {
+		case s.b > 0:
+			res.resetMs = 2*o.windowMs - e
+		case s.c > 0:
+			res.resetMs = o.windowMs - e
+		}
+		return 2*o.windowMs - e + 1000
+	case SlidingWindowLog:
+		var total int64
+		for _, le := range s.log {
+			total += le.cost
+		}
+		res.remaining = max(0, o.limit-total)
+		if n := len(s.log); n > 0 {
+			res.resetMs = s.log[n-1].ts + o.windowMs - now
+		}
+		return o.windowMs + 1000
+	}
+	return 1000
+}

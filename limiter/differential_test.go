@@ -1,0 +1,156 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quotientlabs/quotient/internal/redistest"
+)
+
+// opsPerAlgorithm is the length of each random sequence of the differential
+// test, per algorithm and per server kind.
+const opsPerAlgorithm = 10_000
+
+// TestDifferential feeds the same random sequences (times, costs, policy
+// sets, shares) to the Lua script on real redis-servers (standalone and a
+// three-node cluster) and to the in-memory store, and requires identical
+// decisions, field for field.
+func TestDifferential(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs redis-server; runs in make test")
+	}
+	servers := map[string]func(t *testing.T) redis.UniversalClient{
+		"standalone": func(t *testing.T) redis.UniversalClient { return redistest.StartServer(t).Client() },
+		"cluster":    func(t *testing.T) redis.UniversalClient { return redistest.StartCluster(t).Client() },
+	}
+	algos := []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter}
+	for name, start := range servers {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			client := start(t)
+			for i, algo := range algos {
+				t.Run(string(algo), func(t *testing.T) {
+					rs := NewRedisStore(client)
+					rs.decideAtGivenTime()
+					ms := NewMemoryStore()
+					ms.keepExpired = true
+					differential(t, rand.New(rand.NewPCG(uint64(i)+1, 42)), algo, rs, ms)
+				})
+			}
+		})
+	}
+}
+
+// randomPolicies makes three policies of one algorithm with small random
+// parameters (so refills, window ends and rejections all happen), in random
+// modes, one of them global when the algorithm allows it.
+func randomPolicies(t *testing.T, rng *rand.Rand, algo Algorithm) []*Policy {
+	var out []*Policy
+	for i := range 3 {
+		mode := Enforce
+		if rng.IntN(4) == 0 {
+			mode = Shadow
+		}
+		scope := ScopeRegion
+		if i == 0 && algo.isBucket() {
+			scope = ScopeGlobal
+		}
+		var doc string
+		if algo.isBucket() {
+			rate := float64(1+rng.IntN(5000)) / 1000 // 0.001 .. 5 per second
+			burst := float64(1+rng.IntN(10000)) / 1000
+			doc = fmt.Sprintf(`{"id":"p%d","algorithm":%q,"rate_per_sec":%g,"burst":%g,"mode":%q,"scope":%q}`, i, algo, rate, burst, mode, scope)
+		} else {
+			doc = fmt.Sprintf(`{"id":"p%d","algorithm":%q,"limit":%d,"window_s":%d,"mode":%q}`, i, algo, 1+rng.IntN(30), 1+rng.IntN(20), mode)
+		}
+		out = append(out, mustPolicy(t, doc))
+	}
+	return out
+}
+
+func differential(t *testing.T, rng *rand.Rand, algo Algorithm, redisStore *RedisStore, memStore *MemoryStore) {
+	ctx := context.Background()
+	policies := randomPolicies(t, rng, algo)
+	regions := 1 + rng.IntN(3)
+	lr, err := New(Config{Store: redisStore, Regions: regions}, policies)
+	require.NoError(t, err)
+	lm, err := New(Config{Store: memStore, Regions: regions}, policies)
+	require.NoError(t, err)
+	// Subjects with bytes that must be escaped, each test run its own.
+	subjects := []Subject{
+		{Kind: SubjectAPIKey, Value: fmt.Sprintf("%s-a{}", t.Name())},
+		{Kind: SubjectAccount, Value: fmt.Sprintf("%s-b\x00 %%", t.Name())},
+		{Kind: SubjectUser, Value: t.Name() + "/ü}"},
+	}
+	var admitted, rejected, shadowRejects int
+	now := time.Now().Truncate(time.Hour).Add(time.Duration(rng.IntN(3600_000)) * time.Millisecond)
+	for step := range opsPerAlgorithm {
+		// Time mostly moves by a few ms, sometimes by seconds or a window,
+		// rarely backwards.
+		switch r := rng.IntN(100); {
+		case r < 70:
+			now = now.Add(time.Duration(rng.IntN(200)) * time.Millisecond)
+		case r < 95:
+			now = now.Add(time.Duration(rng.IntN(30_000)) * time.Millisecond)
+		case r < 98:
+			now = now.Add(-time.Duration(rng.IntN(2_000)) * time.Millisecond)
+		default:
+			now = now.Add(time.Duration(rng.IntN(3_600_000)) * time.Millisecond)
+		}
+		subj := subjects[rng.IntN(len(subjects))]
+		// A random non-empty subset of the policies, in random order.
+		perm := rng.Perm(len(policies))
+		set := make([]*Policy, 0, 3)
+		for _, j := range perm[:1+rng.IntN(len(perm))] {
+			set = append(set, policies[j])
+		}
+		if algo.isBucket() && rng.IntN(50) == 0 {
+			// The coordinator moves the share of the global policy.
+			rate, burst := int64(1+rng.IntN(5000)), int64(1+rng.IntN(10000))
+			require.NoError(t, redisStore.SetShare(ctx, subj, policies[0].ID, rate, burst, 0))
+			memStore.SetShare(now, subj, policies[0].ID, rate, burst, 0)
+		}
+		var cost int64
+		switch r := rng.IntN(20); {
+		case r == 0:
+			cost = 0 // peek
+		case r == 1:
+			cost = 25 + rng.Int64N(10) // often more than the capacity
+		default:
+			cost = 1 + rng.Int64N(4)
+		}
+		dr, err := lr.CheckSubjectAt(ctx, now, subj, set, cost)
+		require.NoError(t, err, "step %d", step)
+		dm, err := lm.CheckSubjectAt(ctx, now, subj, set, cost)
+		require.NoError(t, err, "step %d", step)
+		require.Equal(t, dm, dr, "step %d: %s at %s cost %d, policies %v", step, subj.Key(), now.Format(time.RFC3339Nano), cost, ids(set))
+		if dm.Allowed {
+			admitted++
+		} else {
+			rejected++
+		}
+		for _, pd := range dm.Policies {
+			if !pd.Allowed && pd.Policy.Mode == Shadow {
+				shadowRejects++
+			}
+		}
+	}
+	// The sequence must exercise both outcomes, or the comparison proves little.
+	require.Greater(t, admitted, opsPerAlgorithm/20, "admitted")
+	require.Greater(t, rejected, opsPerAlgorithm/20, "rejected")
+	t.Logf("%s: %d admitted, %d rejected, %d shadow would-rejects", algo, admitted, rejected, shadowRejects)
+}
+
+func ids(ps []*Policy) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = fmt.Sprintf("%s(%s %s)", p.ID, p.Algorithm, p.Mode)
+	}
+	return out
+}

@@ -1,0 +1,62 @@
+// Package limiter decides whether a request may proceed under a set of rate
+// limit policies. Gateways embed it.
+//
+// A [Limiter] identifies the subject of a request (API key, account, user,
+// IPv4 address or IPv6 /64 prefix, see [Identity] and [Subject]), selects the
+// policies that match it (tier, route, method), and evaluates all policies of
+// one subject in one atomic call to a [Store]: the [RedisStore] runs one Lua
+// script with Redis server time, the [MemoryStore] runs the same algorithms in
+// process with the time given as a parameter. The two agree decision for
+// decision; a differential test against a real redis-server proves it.
+//
+// # Algorithms
+//
+// Five algorithms, chosen per policy (see [Algorithm]):
+//
+//   - token_bucket: rate_per_sec tokens per second up to burst; a request of
+//     cost c is admitted when at least c tokens are left.
+//   - leaky_bucket: a queue of capacity burst drained at rate_per_sec
+//     (shaping). An admitted request carries the delay to wait before it is
+//     forwarded: the time for the work queued ahead of it to drain.
+//   - fixed_window: at most limit cost units per window of window_s seconds,
+//     aligned to the Unix epoch, so 86400 is the UTC day.
+//   - sliding_window_log: exact; at most limit cost units in any window of
+//     window_s seconds ending now. Memory and time are O(limit), so keep it for
+//     low limits such as logins.
+//   - sliding_window_counter: the weighted estimate
+//     n_prev*(1-e/w) + n_curr of the seed design (section 7.2).
+//
+// # Arithmetic
+//
+// All state is integer: time in milliseconds, bucket contents in
+// micro-tokens (rates are kept to 1/1000 token per second, so a millisecond
+// of refill is a whole number of micro-tokens). Divisions happen only where a
+// time is derived (retry-after, reset), in IEEE double arithmetic in the same
+// order in Lua and Go, so both stores give bit-identical answers. The bounds
+// this imposes (rate at most 1e9/s, burst at most 1e8, window limits at most
+// 1e12) are checked when policies are parsed.
+//
+// # All or nothing per subject
+//
+// The policies of one subject are evaluated together: if any enforced policy
+// rejects, no policy consumes anything, so a rejected request never spends
+// another policy's allowance. Shadow-mode policies are evaluated and reported
+// ("would reject") but never reject; they consume only when the request is
+// admitted and they would have admitted it themselves. When the policies of
+// one request name different subjects (an API key policy and an account
+// policy), each subject is one atomic call; such calls are independent, so a
+// request rejected by the account's policies may already have consumed from
+// the API key's (the usual behaviour of multi-descriptor limiters).
+//
+// A cost of 0 peeks: the policies are evaluated and reported, nothing is
+// consumed and nothing is written.
+//
+// # Keys
+//
+// Every store key carries the subject as a Redis Cluster hash tag,
+// rl:{<subject>}:<policy>:<algorithm>, so all policies of one subject share
+// one cluster slot. Subjects are escaped (see [Subject.Key]) so no byte
+// string can break a key, move it to another slot, or collide with another
+// subject. Every key has a TTL: a bucket lives until it would be full again
+// plus one second, a window until it ends plus one second.
+package limiter

@@ -1,0 +1,241 @@
+package limiter
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// Store holds the state of every policy and subject and evaluates the
+// policies of one subject atomically. The implementations are [RedisStore]
+// (shared by all gateways of a region, decides with Redis server time) and
+// [MemoryStore] (one process, decides at the time it is given).
+type Store interface {
+	// eval evaluates ops for one subject (its encoded key) in one atomic
+	// step at now, writes the answers into res (len(res) == len(ops)), and
+	// returns whether every enforced op admitted. An error means nothing was
+	// decided and nothing consumed.
+	eval(ctx context.Context, now time.Time, subject string, ops []op, res []result) (bool, error)
+}
+
+const memShards = 64
+
+// MemoryStore is the in-process [Store]: the same five algorithms as the
+// Redis script, deciding at the time passed to it (the simulator passes
+// virtual time). It is safe for concurrent use; subjects are spread over 64
+// mutex-guarded shards. Expired entries are swept from a shard at most once
+// every ten seconds of its time, on access, so memory follows active keys.
+// The zero value is not usable; call NewMemoryStore.
+type MemoryStore struct {
+	seed   maphash.Seed
+	shards [memShards]memShard
+	// keepExpired (tests only) makes expired state count as live, as a
+	// Redis server whose clock has not reached the TTL would: the
+	// differential test drives virtual time far ahead of Redis's clock.
+	keepExpired bool
+}
+
+type memShard struct {
+	mu        sync.Mutex
+	subjects  map[string]*memSubject
+	nextSweep int64
+}
+
+type memEntry struct {
+	policy string
+	algo   Algorithm
+	st     state
+}
+
+type memShare struct {
+	policy      string
+	rate, burst int64
+	expireMs    int64
+	hasExpiry   bool
+}
+
+type memSubject struct {
+	entries []memEntry
+	shares  []memShare
+}
+
+// NewMemoryStore returns an empty store.
+func NewMemoryStore() *MemoryStore {
+	m := &MemoryStore{seed: maphash.MakeSeed()}
+	for i := range m.shards {
+		m.shards[i].subjects = make(map[string]*memSubject)
+	}
+	return m
+}
+
+func (m *MemoryStore) shard(subject string) *memShard {
+	return &m.shards[maphash.String(m.seed, subject)%memShards]
+}
+
+const sweepEveryMs = 10_000
+
+// eval implements Store.
+func (m *MemoryStore) eval(_ context.Context, now time.Time, subject string, ops []op, res []result) (bool, error) {
+	nowMs := now.UnixMilli()
+	sh := m.shard(subject)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if nowMs >= sh.nextSweep && !m.keepExpired {
+		sh.sweep(nowMs)
+		sh.nextSweep = nowMs + sweepEveryMs
+	}
+	subj := sh.subjects[subject]
+
+	var advBuf [8]state
+	var rateBuf, burstBuf [8]int64
+	adv, rates, bursts := advBuf[:0], rateBuf[:0], burstBuf[:0]
+	allowed := true
+	for i := range ops {
+		o := &ops[i]
+		rate, burst := o.rate, o.burst
+		var cur *state
+		if subj != nil {
+			if o.global {
+				if s := subj.share(o.policy, nowMs); s != nil {
+					rate, burst = s.rate, s.burst
+				}
+			}
+			cur = subj.lookup(o.policy, o.algo, nowMs, m.keepExpired)
+		}
+		s := advance(o, cur, nowMs, rate, burst)
+		admit, r := decide(o, &s, nowMs, rate, burst)
+		r.allowed = admit
+		res[i] = r
+		if !admit && o.enforce {
+			allowed = false
+		}
+		adv, rates, bursts = append(adv, s), append(rates, rate), append(bursts, burst)
+	}
+	for i := range ops {
+		o := &ops[i]
+		final := adv[i]
+		if allowed && res[i].allowed && o.cost > 0 {
+			final = consume(o, final, nowMs)
+			ttl := report(o, &final, nowMs, rates[i], bursts[i], &res[i])
+			final.expireMs = nowMs + ttl
+			if subj == nil {
+				subj = &memSubject{}
+				sh.subjects[subject] = subj
+			}
+			subj.store(o.policy, o.algo, final)
+		} else {
+			report(o, &final, nowMs, rates[i], bursts[i], &res[i])
+		}
+		if !allowed || !res[i].allowed {
+			res[i].delayMs = 0
+		}
+		if allowed && res[i].allowed {
+			res[i].retryMs = 0
+		}
+	}
+	return allowed, nil
+}
+
+// lookup returns the live state of a policy (by its key suffix and
+// algorithm), or nil.
+func (s *memSubject) lookup(policy string, algo Algorithm, nowMs int64, keepExpired bool) *state {
+	for i := range s.entries {
+		e := &s.entries[i]
+		if e.policy == policy && e.algo == algo {
+			if e.st.expireMs <= nowMs && !keepExpired {
+				return nil
+			}
+			return &e.st
+		}
+	}
+	return nil
+}
+
+func (s *memSubject) store(policy string, algo Algorithm, st state) {
+	for i := range s.entries {
+		e := &s.entries[i]
+		if e.policy == policy && e.algo == algo {
+			e.st = st
+			return
+		}
+	}
+	s.entries = append(s.entries, memEntry{policy: policy, algo: algo, st: st})
+}
+
+func (s *memSubject) share(policy string, nowMs int64) *memShare {
+	for i := range s.shares {
+		sh := &s.shares[i]
+		if sh.policy == policy {
+			if sh.hasExpiry && sh.expireMs <= nowMs {
+				return nil
+			}
+			return sh
+		}
+	}
+	return nil
+}
+
+func (sh *memShard) sweep(nowMs int64) {
+	for k, subj := range sh.subjects {
+		live := subj.entries[:0]
+		for _, e := range subj.entries {
+			if e.st.expireMs > nowMs {
+				live = append(live, e)
+			}
+		}
+		clear(subj.entries[len(live):])
+		subj.entries = live
+		shares := subj.shares[:0]
+		for _, s := range subj.shares {
+			if !s.hasExpiry || s.expireMs > nowMs {
+				shares = append(shares, s)
+			}
+		}
+		clear(subj.shares[len(shares):])
+		subj.shares = shares
+		if len(subj.entries) == 0 && len(subj.shares) == 0 {
+			delete(sh.subjects, k)
+		}
+	}
+}
+
+// SetShare sets this region's share of a global bucket policy for one
+// subject: rateMilli in thousandths of a token per second, burstMilli in
+// thousandths of a token, valid until now+ttl (ttl <= 0: no expiry). The
+// next decision uses it; tokens above the new burst are clamped. Safe for
+// concurrent use.
+func (m *MemoryStore) SetShare(now time.Time, subject Subject, policyID string, rateMilli, burstMilli int64, ttl time.Duration) {
+	key := subject.Key()
+	nowMs := now.UnixMilli()
+	sh := m.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	subj := sh.subjects[key]
+	if subj == nil {
+		subj = &memSubject{}
+		sh.subjects[key] = subj
+	}
+	val := memShare{policy: policyID, rate: rateMilli, burst: burstMilli, hasExpiry: ttl > 0, expireMs: nowMs + ttl.Milliseconds()}
+	for i := range subj.shares {
+		if subj.shares[i].policy == policyID {
+			subj.shares[i] = val
+			return
+		}
+	}
+	subj.shares = append(subj.shares, val)
+}
+
+// Len is the number of live policy states held, for tests and metrics.
+func (m *MemoryStore) Len() int {
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, s := range sh.subjects {
+			n += len(s.entries)
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}

@@ -1,0 +1,143 @@
+package limiter
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed script.lua
+var scriptSource string
+
+var evalScript = redis.NewScript(scriptSource)
+
+// ErrStoreUnavailable wraps every error of a store call: the store could not
+// decide (connection refused, timeout, cluster down). Nothing was consumed.
+var ErrStoreUnavailable = errors.New("limiter: store unavailable")
+
+// RedisStore is the [Store] shared by the gateways of one region: standalone
+// Redis or Redis Cluster through a go-redis UniversalClient. Each decision is
+// one EVALSHA of one Lua script (loaded on first use, re-sent with EVAL when
+// Redis has forgotten it), deciding with Redis server TIME so gateway clocks
+// do not matter. Keys (see the package documentation):
+//
+//	rl:{<subject>}:<policy>:tb|lb|fw|sc   hash: bucket or window state
+//	rl:{<subject>}:<policy>:sl            list: sliding window log, "ms:cost"
+//	rl:{<subject>}:<policy>:share         hash r (milli-tokens/s), b (milli-tokens):
+//	                                      this region's share of a global policy,
+//	                                      written by the coordinator
+//
+// It is safe for concurrent use. It adds no deadline of its own: pass a
+// context with one (the Limiter does).
+type RedisStore struct {
+	client   redis.UniversalClient
+	passTime bool // tests only: decide at the time given, not Redis TIME
+}
+
+// NewRedisStore returns a store on client, which the caller owns and closes.
+func NewRedisStore(client redis.UniversalClient) *RedisStore {
+	return &RedisStore{client: client}
+}
+
+// Client is the underlying go-redis client.
+func (s *RedisStore) Client() redis.UniversalClient { return s.client }
+
+func algoCode(a Algorithm) int {
+	switch a {
+	case TokenBucket:
+		return 1
+	case LeakyBucket:
+		return 2
+	case FixedWindow:
+		return 3
+	case SlidingWindowLog:
+		return 4
+	case SlidingWindowCounter:
+		return 5
+	}
+	return 0
+}
+
+// StateKey is the Redis key of one policy's state for one subject.
+func StateKey(subject Subject, p *Policy) string {
+	return stateKey(subject.Key(), p.ID, p.Algorithm)
+}
+
+// ShareKey is the Redis key of this region's share of a global policy for
+// one subject; the coordinator writes it.
+func ShareKey(subject Subject, policyID string) string {
+	return shareKey(subject.Key(), policyID)
+}
+
+func stateKey(subject, policy string, algo Algorithm) string {
+	return "rl:{" + subject + "}:" + policy + ":" + algo.tag()
+}
+
+func shareKey(subject, policy string) string {
+	return "rl:{" + subject + "}:" + policy + ":share"
+}
+
+// eval implements Store.
+func (s *RedisStore) eval(ctx context.Context, now time.Time, subject string, ops []op, res []result) (bool, error) {
+	keys := make([]string, 0, len(ops)+1)
+	args := make([]any, 0, 2+7*len(ops))
+	if s.passTime {
+		args = append(args, strconv.FormatInt(now.UnixMilli(), 10))
+	} else {
+		args = append(args, "")
+	}
+	args = append(args, len(ops))
+	for i := range ops {
+		o := &ops[i]
+		keys = append(keys, stateKey(subject, o.policy, o.algo))
+		flags := 0
+		if o.enforce {
+			flags |= 1
+		}
+		if o.global {
+			flags |= 2
+			keys = append(keys, shareKey(subject, o.policy))
+		}
+		args = append(args, algoCode(o.algo), flags, o.cost, o.rate, o.burst, o.limit, o.windowMs)
+	}
+	v, err := evalScript.Run(ctx, s.client, keys, args...).Int64Slice()
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", ErrStoreUnavailable, err)
+	}
+	if len(v) != 1+5*len(ops) {
+		return false, fmt.Errorf("%w: script returned %d values for %d policies", ErrStoreUnavailable, len(v), len(ops))
+	}
+	for i := range ops {
+		b := 1 + 5*i
+		res[i] = result{
+			allowed:   v[b] == 1,
+			remaining: v[b+1],
+			resetMs:   v[b+2],
+			retryMs:   v[b+3],
+			delayMs:   v[b+4],
+		}
+	}
+	return v[0] == 1, nil
+}
+
+// SetShare writes this region's share of a global bucket policy for one
+// subject, as the coordinator does: rateMilli in thousandths of a token per
+// second, burstMilli in thousandths of a token, expiring after ttl (0: no
+// expiry). The limiter reads it in the same script call as the bucket.
+func (s *RedisStore) SetShare(ctx context.Context, subject Subject, policyID string, rateMilli, burstMilli int64, ttl time.Duration) error {
+	key := ShareKey(subject, policyID)
+	pipe := s.client.TxPipeline()
+	pipe.HSet(ctx, key, "r", rateMilli, "b", burstMilli)
+	if ttl > 0 {
+		pipe.PExpire(ctx, key, ttl)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("%w: %v", ErrStoreUnavailable, err)
+	}
+	return nil
+}
