@@ -1,0 +1,53 @@
+package shares
+
+import "fmt"
+
+// Config holds the tuning of the share computation. Start from
+// DefaultConfig and override fields; the simulator tunes them toward the
+// global-accuracy goal. A Config is a value: safe to copy and to use from
+// several goroutines.
+type Config struct {
+	// FloorPermille is the floor every live region's target gets, in
+	// permille of the default share L/n, so a quiet region can admit its
+	// first requests. 0..1000; default 100 (a tenth of the default share).
+	FloorPermille int64
+	// ReservePermille is the part of L that targets leave unallocated, in
+	// permille of L. 0..500; default 0. (Claiming the reserve between
+	// epochs is not implemented; a reserve only lowers the targets.)
+	ReservePermille int64
+	// SpreadPermille is the part of the leftover (L minus floors minus met
+	// demand) split equally between live regions, in permille; the rest is
+	// split in proportion to what each region already got. 0..1000; default
+	// 250. Higher favours regions whose demand may rise; lower favours the
+	// regions that use the limit now.
+	SpreadPermille int64
+	// DampingPermille is the part of the gap between a region's claim and
+	// its target that it closes in one epoch, in permille. 1..1000; 0 means
+	// the default, 1000 (no damping: smoothing of demand already damps).
+	DampingPermille int64
+}
+
+// DefaultConfig returns the default tuning.
+func DefaultConfig() Config {
+	return Config{FloorPermille: 100, ReservePermille: 0, SpreadPermille: 250, DampingPermille: 1000}
+}
+
+// Validate fills DampingPermille when it is zero (the only field whose
+// zero value is unusable) and reports the first field out of range; the
+// error wraps ErrConfig. Methods of Config call it on their copy.
+func (c *Config) Validate() error {
+	if c.DampingPermille == 0 {
+		c.DampingPermille = 1000
+	}
+	switch {
+	case c.FloorPermille < 0 || c.FloorPermille > 1000:
+		return fmt.Errorf("%w: FloorPermille %d not in 0..1000", ErrConfig, c.FloorPermille)
+	case c.ReservePermille < 0 || c.ReservePermille > 500:
+		return fmt.Errorf("%w: ReservePermille %d not in 0..500", ErrConfig, c.ReservePermille)
+	case c.SpreadPermille < 0 || c.SpreadPermille > 1000:
+		return fmt.Errorf("%w: SpreadPermille %d not in 0..1000", ErrConfig, c.SpreadPermille)
+	case c.DampingPermille < 1 || c.DampingPermille > 1000:
+		return fmt.Errorf("%w: DampingPermille %d not in 1..1000", ErrConfig, c.DampingPermille)
+	}
+	return nil
+}
