@@ -1,0 +1,33 @@
+// Package kafkautil is the Kafka plumbing Quotient's Kafka adapters share
+// (usage reports in rebalancer/kafkabus; later daily-quota replication and
+// policy distribution): one Cluster per Kafka cluster, from which writers,
+// partition readers and topic administration are built consistently with
+// github.com/segmentio/kafka-go.
+//
+// What it does:
+//   - Writers with acks=all, millisecond batch timeouts, a byte bound on
+//     batches and lz4 compression (NewWriter).
+//   - Idempotent topic creation through kafka.Client.CreateTopics, with
+//     per-topic config (compacted or time-retained); "already exists" is
+//     success (EnsureTopics).
+//   - Partition discovery and start offsets by timestamp (Partitions,
+//     OffsetsAt), and single-partition readers (NewPartitionReader).
+//   - A bounded retry for UnknownTopicOrPartition (RetryUnknownTopic).
+//
+// Metadata caching: kafka-go's Transport answers metadata requests from a
+// cache refreshed every MetadataTTL (kafka-go's default is 6 s), so a topic
+// created elsewhere can stay unknown to a Writer for that long. A Cluster
+// therefore shares ONE Transport between its kafka.Client and every Writer
+// it builds: a topic created through EnsureTopics refreshes that shared cache
+// before EnsureTopics returns, and writers see it at once. Topics created by
+// other processes become visible within Config.MetadataTTL (default 1 s);
+// RetryUnknownTopic covers that window.
+//
+// What it does not do: no consumer groups, no offset commits, no
+// goroutines of its own beyond kafka-go's connection management, no logging,
+// no global state (it never uses kafka.DefaultTransport).
+//
+// Invariants: every writer built here waits for all in-sync replicas
+// (RequiredAcks = all) and never creates topics implicitly
+// (AllowAutoTopicCreation = false); topic creation is explicit.
+package kafkautil

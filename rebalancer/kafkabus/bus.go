@@ -1,0 +1,354 @@
+package kafkabus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/quotientlabs/quotient/internal/kafkautil"
+	quotientv1 "github.com/quotientlabs/quotient/proto/quotient/v1"
+)
+
+// DefaultTopic is the usage-report topic (shared layout), and the local
+// topic each region publishes to in the mirrored layout.
+const DefaultTopic = "quotient.usage"
+
+// Errors callers branch on.
+var (
+	// ErrConfig wraps every configuration error.
+	ErrConfig = errors.New("kafkabus: invalid config")
+	// ErrInvalidReport means Publish rejected the report; nothing was sent.
+	ErrInvalidReport = errors.New("kafkabus: invalid report")
+	// ErrClosed is returned by Publish after Close.
+	ErrClosed = errors.New("kafkabus: closed")
+)
+
+// recordOverhead is what a Kafka record adds to its key and value in
+// kafka-go's size estimate (and more than the v2 record format adds), plus
+// room for the batch header when a batch holds a single record.
+const recordOverhead = 128
+
+// MirroredTopics returns the topics a region consumes in the MirrorMaker 2
+// layout: its local topic and "<region>.<topic>" for each remote region.
+func MirroredTopics(topic string, remoteRegions ...string) []string {
+	out := []string{topic}
+	for _, r := range remoteRegions {
+		out = append(out, r+"."+topic)
+	}
+	return out
+}
+
+// Config configures a Bus. Start from DefaultConfig.
+type Config struct {
+	// Topic Publish writes to. Default DefaultTopic.
+	Topic string
+	// ConsumeTopics are the topics Run reads, all partitions of each.
+	// Default: []string{Topic}. See MirroredTopics for the MirrorMaker 2
+	// layout.
+	ConsumeTopics []string
+	// MaxMessageBytes bounds one Kafka message (one report part) and one
+	// produce batch, bytes. It must not exceed the topic's max.message.bytes
+	// (Kafka's default is 1,048,588; a topic the Bus creates gets
+	// MaxMessageBytes + 4096). Default 1,000,000. Minimum 4096.
+	MaxMessageBytes int
+	// Lookback is how far back a consumer starts: at the first record whose
+	// timestamp is at or after now - Lookback when Run finds a partition.
+	// Default 60 s (six epochs of 10 s).
+	Lookback time.Duration
+	// SkipCreateTopic stops the first Publish from creating Topic when it
+	// does not exist (for clusters where topics are managed elsewhere).
+	// Default false: the Bus creates its topic.
+	SkipCreateTopic bool
+	// Partitions of a Topic the Bus creates. Default 3; -1 means the
+	// broker's default.
+	Partitions int
+	// ReplicationFactor of a Topic the Bus creates. Default -1, the broker's
+	// default.replication.factor.
+	ReplicationFactor int
+	// Retention of a Topic the Bus creates. Default 1 h: far more than the
+	// Lookback, little disk.
+	Retention time.Duration
+	// TopicPollInterval is how often Run checks again for a consumed topic
+	// that does not exist yet, and for partitions added to known topics.
+	// Default 5 s; while a topic is missing Run checks sooner at first
+	// (from 50 ms, doubling up to this interval).
+	TopicPollInterval time.Duration
+	// MaxPendingReports bounds incomplete reports held per region; beyond
+	// it, the one with the lowest seq is dropped. Default 8.
+	MaxPendingReports int
+	// Now is the clock for record timestamps and the consumer's start time.
+	// Nil means time.Now.
+	Now func() time.Time
+}
+
+// DefaultConfig returns the defaults for the shared layout.
+func DefaultConfig() Config {
+	return Config{
+		Topic:             DefaultTopic,
+		MaxMessageBytes:   1_000_000,
+		Lookback:          60 * time.Second,
+		Partitions:        3,
+		ReplicationFactor: -1,
+		Retention:         time.Hour,
+		TopicPollInterval: 5 * time.Second,
+		MaxPendingReports: 8,
+	}
+}
+
+// Validate fills zero fields with defaults and rejects bad values, naming
+// the field.
+func (c *Config) Validate() error {
+	d := DefaultConfig()
+	if c.Topic == "" {
+		c.Topic = d.Topic
+	}
+	if len(c.ConsumeTopics) == 0 {
+		c.ConsumeTopics = []string{c.Topic}
+	}
+	seen := map[string]bool{}
+	for i, t := range c.ConsumeTopics {
+		if t == "" {
+			return fmt.Errorf("%w: consume topics[%d] is empty", ErrConfig, i)
+		}
+		if seen[t] {
+			return fmt.Errorf("%w: consume topics: %q listed twice", ErrConfig, t)
+		}
+		seen[t] = true
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = d.MaxMessageBytes
+	}
+	if c.MaxMessageBytes < 4096 {
+		return fmt.Errorf("%w: max message bytes %d: want at least 4096", ErrConfig, c.MaxMessageBytes)
+	}
+	if c.Lookback == 0 {
+		c.Lookback = d.Lookback
+	}
+	if c.Lookback < 0 {
+		return fmt.Errorf("%w: lookback %v: must not be negative", ErrConfig, c.Lookback)
+	}
+	if c.Partitions == 0 {
+		c.Partitions = d.Partitions
+	}
+	if c.ReplicationFactor == 0 {
+		c.ReplicationFactor = d.ReplicationFactor
+	}
+	if c.Retention == 0 {
+		c.Retention = d.Retention
+	}
+	if c.Retention < 0 {
+		return fmt.Errorf("%w: retention %v: must not be negative", ErrConfig, c.Retention)
+	}
+	if c.TopicPollInterval == 0 {
+		c.TopicPollInterval = d.TopicPollInterval
+	}
+	if c.TopicPollInterval < 0 {
+		return fmt.Errorf("%w: topic poll interval %v: must not be negative", ErrConfig, c.TopicPollInterval)
+	}
+	if c.MaxPendingReports == 0 {
+		c.MaxPendingReports = d.MaxPendingReports
+	}
+	if c.MaxPendingReports < 0 {
+		return fmt.Errorf("%w: max pending reports %d: must not be negative", ErrConfig, c.MaxPendingReports)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// Stats counts what the Bus did since New, over all Publish and Run calls.
+type Stats struct {
+	PublishedReports int64 // reports Publish sent
+	PublishedParts   int64 // messages Publish sent
+	ConsumedParts    int64 // messages Run read
+	DeliveredReports int64 // whole reports Run delivered
+	Duplicates       int64 // parts dropped as duplicates of held or recently delivered ones
+	Malformed        int64 // messages that did not decode or were not valid parts
+	Evicted          int64 // incomplete reports dropped (a part never arrived)
+	MissingTopics    int64 // consumed topics Run is currently waiting for
+}
+
+type counters struct {
+	publishedReports, publishedParts, consumedParts, deliveredReports atomic.Int64
+	duplicates, malformed, evicted, missingTopics                     atomic.Int64
+}
+
+// Bus publishes this region's usage reports and consumes every region's.
+// Construct with New. Publish and Run are safe for concurrent use; several
+// Run calls may run at once, each reading every consumed topic on its own.
+type Bus struct {
+	cfg     Config
+	cluster *kafkautil.Cluster
+	writer  *kafka.Writer
+	stats   counters
+
+	mu      sync.Mutex
+	created bool
+	closed  bool
+}
+
+// New returns a Bus on cluster. It does no I/O. The caller keeps ownership
+// of cluster and closes it after closing the Bus.
+func New(cluster *kafkautil.Cluster, cfg Config) (*Bus, error) {
+	if cluster == nil {
+		return nil, fmt.Errorf("%w: cluster is nil", ErrConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	wc := kafkautil.DefaultWriterConfig(cfg.Topic)
+	wc.BatchBytes = int64(cfg.MaxMessageBytes)
+	w, err := cluster.NewWriter(wc)
+	if err != nil {
+		return nil, fmt.Errorf("kafkabus: %w", err)
+	}
+	return &Bus{cfg: cfg, cluster: cluster, writer: w}, nil
+}
+
+// Stats returns a snapshot of the counters.
+func (b *Bus) Stats() Stats {
+	s := &b.stats
+	return Stats{
+		PublishedReports: s.publishedReports.Load(), PublishedParts: s.publishedParts.Load(),
+		ConsumedParts: s.consumedParts.Load(), DeliveredReports: s.deliveredReports.Load(),
+		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Evicted: s.evicted.Load(),
+		MissingTopics: s.missingTopics.Load(),
+	}
+}
+
+// Close flushes and closes the writer. Publish fails with ErrClosed
+// afterwards; running Run calls are stopped by their own contexts.
+func (b *Bus) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
+	if err := b.writer.Close(); err != nil {
+		return fmt.Errorf("kafkabus: close writer: %w", err)
+	}
+	return nil
+}
+
+func (b *Bus) ensureTopic(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrClosed
+	}
+	if b.created || b.cfg.SkipCreateTopic {
+		return nil
+	}
+	spec := kafkautil.RetainedTopic(b.cfg.Topic, b.cfg.Partitions, b.cfg.ReplicationFactor, b.cfg.Retention)
+	spec.Config["max.message.bytes"] = fmt.Sprint(b.cfg.MaxMessageBytes + 4096)
+	if err := b.cluster.EnsureTopics(ctx, spec); err != nil {
+		return fmt.Errorf("kafkabus: %w", err)
+	}
+	b.created = true
+	return nil
+}
+
+// Publish sends r to Config.Topic, split into parts of at most
+// MaxMessageBytes, and blocks until every part is acknowledged by all
+// in-sync replicas, or fails. r must be a whole report (part 0, parts 0 or
+// 1) with a region, epoch_ms > 0 and seq >= 1; Publish sets part and parts
+// on the messages it sends and does not modify r, which the caller keeps
+// (it must not change r during the call). An unknown topic (just created,
+// or created elsewhere) is retried for up to 10 s. On error some parts may
+// have been sent: publishing the same report again is safe, because
+// receivers dedupe by (region, epoch, seq).
+func (b *Bus) Publish(ctx context.Context, r *quotientv1.UsageReport) error {
+	msgs, err := b.encode(r)
+	if err != nil {
+		return err
+	}
+	if err := b.ensureTopic(ctx); err != nil {
+		return err
+	}
+	err = kafkautil.RetryUnknownTopic(ctx, kafkautil.DefaultBackoff(), func() error {
+		return b.writer.WriteMessages(ctx, msgs...)
+	})
+	if err != nil {
+		return fmt.Errorf("kafkabus: publish report region %q epoch %d seq %d (%d parts) to %q: %w",
+			r.GetRegion(), r.GetEpoch(), r.GetSeq(), len(msgs), b.cfg.Topic, err)
+	}
+	b.stats.publishedReports.Add(1)
+	b.stats.publishedParts.Add(int64(len(msgs)))
+	return nil
+}
+
+// encode validates r and splits it into messages.
+func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
+	switch {
+	case r == nil:
+		return nil, fmt.Errorf("%w: report is nil", ErrInvalidReport)
+	case r.GetRegion() == "":
+		return nil, fmt.Errorf("%w: region is empty", ErrInvalidReport)
+	case r.GetEpochMs() <= 0:
+		return nil, fmt.Errorf("%w: region %q: epoch_ms %d, want > 0", ErrInvalidReport, r.GetRegion(), r.GetEpochMs())
+	case r.GetSeq() < 1:
+		return nil, fmt.Errorf("%w: region %q: seq %d, want >= 1", ErrInvalidReport, r.GetRegion(), r.GetSeq())
+	case r.GetPart() != 0 || r.GetParts() > 1:
+		return nil, fmt.Errorf("%w: region %q: part %d of %d: publish whole reports, Publish splits them",
+			ErrInvalidReport, r.GetRegion(), r.GetPart(), r.GetParts())
+	}
+	header := &quotientv1.UsageReport{
+		Region: r.GetRegion(), Epoch: r.GetEpoch(), EpochMs: r.GetEpochMs(), Seq: r.GetSeq(),
+		SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
+		Part: math.MaxInt32, Parts: math.MaxInt32, // the widest varints
+	}
+	budget := b.cfg.MaxMessageBytes - len(r.GetRegion()) - recordOverhead - proto.Size(header)
+	// Greedy packing: each part gets as many consecutive keys as fit.
+	var bounds []int // end index of each part's keys
+	used := 0
+	for i, k := range r.GetKeys() {
+		if k == nil {
+			return nil, fmt.Errorf("%w: region %q: keys[%d] is nil", ErrInvalidReport, r.GetRegion(), i)
+		}
+		n := proto.Size(k)
+		n += protowire.SizeTag(9) + protowire.SizeVarint(uint64(n))
+		if n > budget {
+			return nil, fmt.Errorf("%w: region %q: keys[%d] (policy %q, subject %q) needs %d bytes, more than fits in one message of %d bytes",
+				ErrInvalidReport, r.GetRegion(), i, k.GetPolicyId(), k.GetSubject(), n, b.cfg.MaxMessageBytes)
+		}
+		if used+n > budget {
+			bounds = append(bounds, i)
+			used = 0
+		}
+		used += n
+	}
+	bounds = append(bounds, len(r.GetKeys()))
+	if len(bounds) > maxParts {
+		return nil, fmt.Errorf("%w: region %q: report needs %d parts, more than %d", ErrInvalidReport, r.GetRegion(), len(bounds), maxParts)
+	}
+
+	now := b.cfg.Now()
+	msgs := make([]kafka.Message, len(bounds))
+	key := []byte(r.GetRegion())
+	lo := 0
+	for i, hi := range bounds {
+		part := &quotientv1.UsageReport{
+			Region: r.GetRegion(), Epoch: r.GetEpoch(), EpochMs: r.GetEpochMs(), Seq: r.GetSeq(),
+			SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
+			Part: int32(i), Parts: int32(len(bounds)), Keys: r.GetKeys()[lo:hi],
+		}
+		v, err := proto.Marshal(part)
+		if err != nil {
+			return nil, fmt.Errorf("%w: region %q: encode part %d: %v", ErrInvalidReport, r.GetRegion(), i, err)
+		}
+		msgs[i] = kafka.Message{Key: key, Value: v, Time: now}
+		lo = hi
+	}
+	return msgs, nil
+}

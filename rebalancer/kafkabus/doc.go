@@ -1,0 +1,67 @@
+// Package kafkabus carries usage reports (quotientv1.UsageReport) between
+// regions over Kafka, with github.com/segmentio/kafka-go. It is the Kafka
+// adapter of the rebalancer: Bus.Publish sends this region's report for an
+// epoch, and Bus.Run delivers every region's reports (this region's too).
+//
+// # Topic layouts
+//
+// One shared cluster: every region's coordinator publishes to and consumes
+// from the one topic "quotient.usage" (DefaultTopic) on a cluster all
+// regions reach. Config{Topic: "quotient.usage"} (the default) does both.
+//
+// One cluster per region, mirrored with MirrorMaker 2: each region publishes
+// to "quotient.usage" on its own cluster. MirrorMaker 2, with its default
+// replication policy and each source cluster aliased by its region name,
+// copies region B's topic into region A's cluster as "B.quotient.usage".
+// Region A's coordinator then consumes its own local topic plus one remote
+// topic per other region:
+//
+//	Config{Topic: "quotient.usage", ConsumeTopics: MirroredTopics("quotient.usage", "B", "C")}
+//	// consumes quotient.usage, B.quotient.usage, C.quotient.usage
+//
+// A topic that does not exist yet (a mirror not set up yet, a region not yet
+// deployed) is waited for: Run polls for it and starts reading once it
+// appears. With MirrorMaker 2's IdentityReplicationPolicy (remote topics keep
+// their name and all regions land in one local "quotient.usage"), use the
+// shared-cluster configuration.
+//
+// # Messages
+//
+// Message key = the report's region, so one region's reports stay in one
+// partition and in publish order. Value = a serialized UsageReport part.
+// The record timestamp is the publisher's clock at Publish (Config.Now).
+// A report larger than Config.MaxMessageBytes is split into parts (part,
+// parts; every part repeats the header and heard list, keys are divided),
+// each part one Kafka message; Run assembles the parts of one (region,
+// epoch, seq) and delivers the whole report once all have arrived. The
+// publisher creates its topic (cleanup.policy=delete, retention
+// Config.Retention, max.message.bytes above MaxMessageBytes) unless
+// Config.SkipCreateTopic is set; it never creates the remote (mirrored) topics.
+//
+// # Where a consumer starts
+//
+// Run keeps no committed offsets and uses no consumer group: every region
+// reads every partition. Each partition starts at the first record whose
+// timestamp is at or after now - Config.Lookback (default 60 s, six default
+// epochs), taken when Run discovers the partition. A (re)started coordinator
+// thus sees the recent reports it needs for the current epochs without
+// replaying the topic. Parts of a report cut by the start time never
+// complete and are dropped (counted in Stats.Evicted).
+//
+// # Delivery guarantees
+//
+// At least once, per region in order, across regions in any order. The
+// producer retries (kafka-go, acks=all) and a restarted consumer re-reads
+// the lookback window, so a report can be delivered again. Run suppresses
+// duplicates of the reports it recently delivered, but its memory is bounded
+// and starts empty on every Run; receivers must therefore still dedupe by
+// (region, epoch, seq): keep per region the highest seq applied and drop
+// anything at or below it. A report whose parts did not all arrive is never
+// delivered (never half a report).
+//
+// # What it does not do
+//
+// It does not interpret reports (no shares, no silence detection), keeps no
+// state across restarts, starts no goroutines outside Run and Publish, and
+// logs nothing: counts of dropped and malformed messages are in Stats.
+package kafkabus
