@@ -109,7 +109,9 @@ type reportID struct {
 	epoch, seq int64
 }
 
-func idOf(r *quotientv1.UsageReport) reportID { return reportID{r.GetRegion(), r.GetEpoch(), r.GetSeq()} }
+func idOf(r *quotientv1.UsageReport) reportID {
+	return reportID{r.GetRegion(), r.GetEpoch(), r.GetSeq()}
+}
 
 // TestThreeRegionsEveryoneGetsEveryReport: consumers start before the topic
 // exists (unknown topic at start), then three regions publish; every
