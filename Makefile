@@ -24,6 +24,7 @@ deps:
 
 ## test: the whole suite, race detector on, against real redis-server processes
 test: deps
+	./scripts/terraform-check.sh install
 	$(GO) build $(PKGS)
 	$(GO) test -race -count=1 -timeout 45m $(PKGS)
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
@@ -31,6 +32,7 @@ test: deps
 ## lint: gofmt, go vet and staticcheck must be clean
 lint:
 	@./scripts/tools.sh
+	@./scripts/terraform-check.sh
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	staticcheck $(PKGS)
