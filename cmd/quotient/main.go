@@ -34,7 +34,8 @@ type environment struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"policy": {"validate policy documents", runPolicy},
+		"policy":   {"validate policy documents", runPolicy},
+		"simulate": {"run scenario files in virtual time and report global accuracy", runSimulate},
 	}
 }
 

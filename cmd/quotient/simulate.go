@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/quotientlabs/quotient/simulations"
+)
+
+// runSimulate implements `quotient simulate [--out DIR] [--seed N] FILE...`:
+// it validates every scenario file, runs the valid ones in virtual time,
+// writes their outputs into --out and prints the accuracy table. Exit
+// status: 0 when every scenario meets its target, 1 when one misses it, 2
+// when a file is invalid or a run fails (the other files still run).
+func runSimulate(ctx context.Context, env environment, args []string) int {
+	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	out := fs.String("out", "out/simulate", "folder for the outputs (summary, tables, plot per scenario)")
+	seed := fs.String("seed", "", "seed for every scenario, replacing the files' own (an integer)")
+	progress := fs.Bool("progress", isTerminal(env.stderr), "show progress on stderr (default: when stderr is a terminal)")
+	fs.Usage = func() {
+		fmt.Fprintln(env.stderr, "usage: quotient simulate [--out DIR] [--seed N] FILE...")
+		fmt.Fprintln(env.stderr, "\nRuns scenario files (see simulations/doc.go) in virtual time through the real limiter")
+		fmt.Fprintln(env.stderr, "and writes <name>.summary.json, .windows.csv, .seconds.csv and .svg into DIR.")
+		fmt.Fprintln(env.stderr, "Exit status: 0 all scenarios pass, 1 one misses its target, 2 bad input or internal error.")
+		fmt.Fprintln(env.stderr, "\nflags:")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(env.stderr, "quotient simulate:", err)
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return 2
+	}
+	var seedOverride *int64
+	if *seed != "" {
+		v, err := strconv.ParseInt(*seed, 10, 64)
+		if err != nil {
+			fmt.Fprintf(env.stderr, "quotient simulate: --seed %q: want an integer\n", *seed)
+			return 2
+		}
+		seedOverride = &v
+	}
+
+	status := 0
+	var reports []*simulations.Report
+	for _, file := range fs.Args() {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			fmt.Fprintf(env.stderr, "%s: %v\n", file, err)
+			status = 2
+			continue
+		}
+		sc, err := simulations.ParseScenario(data)
+		var serr *simulations.ScenarioError
+		switch {
+		case errors.As(err, &serr):
+			for _, p := range serr.Problems {
+				fmt.Fprintf(env.stderr, "%s: %s\n", file, p)
+			}
+			status = 2
+			continue
+		case err != nil:
+			fmt.Fprintf(env.stderr, "%s: %v\n", file, err)
+			status = 2
+			continue
+		}
+		if seedOverride != nil {
+			sc.Seed = *seedOverride
+		}
+		var opt simulations.Options
+		if *progress {
+			opt.Progress = progressPrinter(env.stderr, sc.Name)
+		}
+		start := time.Now()
+		rep, err := simulations.Run(ctx, sc, opt)
+		if *progress {
+			fmt.Fprint(env.stderr, "\r\033[K")
+		}
+		if err != nil {
+			fmt.Fprintf(env.stderr, "%s: %v\n", file, err)
+			status = 2
+			continue
+		}
+		rep.Wall = time.Since(start)
+		if err := rep.WriteFiles(*out); err != nil {
+			fmt.Fprintf(env.stderr, "%s: %v\n", file, err)
+			status = 2
+		}
+		reports = append(reports, rep)
+		if !rep.Pass && status == 0 {
+			status = 1
+		}
+	}
+	if len(reports) > 0 {
+		printTable(env.stdout, reports)
+		fmt.Fprintf(env.stdout, "\noutputs in %s\n", *out)
+	}
+	return status
+}
+
+// printTable prints one row per scenario: pass, the worst over-admission
+// and under-service (in % of the window allowance, with the target), the
+// decisions and the wall time.
+func printTable(w io.Writer, reports []*simulations.Report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\tpass\tworst over\tworst under\tdecisions\twall time\tdecisions/s")
+	for _, r := range reports {
+		pass := "PASS"
+		if !r.Pass {
+			pass = "FAIL"
+		}
+		rate := "-"
+		if s := r.Wall.Seconds(); s > 0 {
+			rate = fmt.Sprintf("%.2fM", float64(r.Decisions)/s/1e6)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%5.1f%% (max %.0f%%)\t%5.1f%% (max %.0f%%)\t%d\t%.2fs\t%s\n",
+			r.Scenario, pass, 100*r.Worst.MaxOver, 100*r.Target.MaxOver, 100*r.Worst.MaxUnder, 100*r.Target.MaxUnder,
+			r.Decisions, r.Wall.Seconds(), rate)
+	}
+	tw.Flush()
+}
+
+// progressPrinter redraws one status line at most ten times a second.
+func progressPrinter(w io.Writer, name string) func(done, total int64) {
+	var last time.Time
+	return func(done, total int64) {
+		if now := time.Now(); now.Sub(last) >= 100*time.Millisecond || done == total {
+			last = now
+			fmt.Fprintf(w, "\r\033[K%s: %d/%d simulated s (%d%%)", name, done, total, 100*done/total)
+		}
+	}
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,110 @@
+package simulations
+
+import (
+	"time"
+
+	"github.com/quotientlabs/quotient/limiter"
+)
+
+// Coordinator is the seam between the engine and one region's coordinator:
+// the engine calls it at the region's epoch boundaries (on the region's own,
+// possibly skewed, clock) and whenever it asks to be woken, hands it the
+// messages the bus delivers, publishes what it returns on the bus and
+// installs the shares it returns in the region's store.
+//
+// The engine calls one Coordinator from one goroutine, in virtual time; an
+// implementation must not block, read a clock or use global randomness.
+// While the region's coordinator is down (fault coordinator_down) the engine
+// calls neither method: deliveries wait, as they would in Kafka, and are
+// handed over, in order, before the first Tick after the region is up again;
+// the usage of epochs that end while it is down is lost.
+type Coordinator interface {
+	// Receive hands over a message another region's coordinator published,
+	// at now (this region's clock). The payload is shared with every other
+	// delivery of the same message (duplicates included): read it, never
+	// modify it.
+	Receive(now time.Time, msg Message)
+	// Tick runs at now (this region's clock). At an epoch boundary
+	// (boundary true) usage holds what the region's gateways counted since
+	// the previous boundary, one entry per policy and subject with nonzero
+	// demand, sorted; at a wake-up it is nil. The engine owns usage only
+	// for the duration of the call.
+	Tick(now time.Time, boundary bool, usage []Usage) TickResult
+}
+
+// Message is what crosses the bus: a payload published by region From
+// (an index into Scenario.Regions). The engine does not look inside.
+type Message struct {
+	From    int
+	Payload any
+}
+
+// Usage is one region's gateway counts for one policy and subject over one
+// epoch, in cost units. Demand counts every attempt, admitted or not.
+type Usage struct {
+	Policy   string
+	Subject  limiter.Subject
+	Demand   int64
+	Admitted int64
+}
+
+// ShareUpdate installs a region's share of a global bucket policy for one
+// subject: what limiter.MemoryStore.SetShare takes.
+type ShareUpdate struct {
+	Policy     string
+	Subject    limiter.Subject
+	RateMilli  int64         // thousandths of a token per second
+	BurstMilli int64         // thousandths of a token
+	TTL        time.Duration // <= 0: no expiry
+}
+
+// TickResult is what one Tick asks of the engine.
+type TickResult struct {
+	// Publish is sent on the bus to every other region.
+	Publish []any
+	// Shares are installed in the region's store at the Tick's time.
+	Shares []ShareUpdate
+	// Wake, when not zero, asks for a wake-up Tick at that time (this
+	// region's clock) if it comes before the next epoch boundary; a
+	// coordinator uses it for its bounded wait for late reports.
+	Wake time.Time
+}
+
+// RegionInfo tells a new Coordinator where it runs.
+type RegionInfo struct {
+	// Self is this region's index into Regions.
+	Self    int
+	Regions []string
+	// Epoch is the rebalance interval; epoch boundaries are multiples of it
+	// since the Unix epoch on the region's clock.
+	Epoch time.Duration
+	// Policies are the scenario's policies (all scope global).
+	Policies []*limiter.Policy
+}
+
+// NewCoordinator builds the coordinator of one region. It may fail on a
+// configuration it cannot run; the run then fails as an internal error.
+type NewCoordinator func(info RegionInfo) (Coordinator, error)
+
+// StaticCoordinator is the stand-in coordinator: it publishes nothing and
+// installs no share, so every region enforces the limiter's default share,
+// a fixed L/n of every global bucket, and enforces fixed windows on its own
+// counts. It is the baseline the real rebalancer must beat, and what the
+// engine uses until that core exists.
+type StaticCoordinator struct{}
+
+// NewStaticCoordinator is a NewCoordinator for StaticCoordinator.
+func NewStaticCoordinator(RegionInfo) (Coordinator, error) { return StaticCoordinator{}, nil }
+
+// Receive implements Coordinator; it ignores msg.
+func (StaticCoordinator) Receive(time.Time, Message) {}
+
+// Tick implements Coordinator; it asks for nothing.
+func (StaticCoordinator) Tick(time.Time, bool, []Usage) TickResult { return TickResult{} }
+
+// DefaultCoordinator builds the coordinator runs use when Options names
+// none: the best one available. Today that is the StaticCoordinator; it
+// becomes the adapter of the real rebalancer core when that lands.
+func DefaultCoordinator(info RegionInfo) (Coordinator, error) {
+	return NewStaticCoordinator(info)
+}

@@ -1,0 +1,701 @@
+package simulations
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/quotientlabs/quotient/limiter"
+)
+
+// DefaultStart is the virtual wall-clock time at which runs start: a UTC
+// midnight, so fixed windows of an hour or a day start with the run.
+var DefaultStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Options configure a run. The zero value is usable.
+type Options struct {
+	// NewCoordinator builds each region's coordinator. Default:
+	// DefaultCoordinator.
+	NewCoordinator NewCoordinator
+	// Progress, when set, is called after every simulated second with the
+	// seconds done and the total. It runs on the engine's goroutine.
+	Progress func(done, total int64)
+	// Start is the virtual time of t=0 (true time; each region's clock adds
+	// its skew). Default DefaultStart. Whole seconds only.
+	Start time.Time
+}
+
+// ErrInternal wraps failures of the engine or of the code it drives (a
+// store or coordinator error), as opposed to bad input.
+var ErrInternal = errors.New("simulations: internal error")
+
+const nsPerSec = int64(time.Second)
+
+// Event kinds, in the order they run when they fall on the same instant.
+const (
+	evSecond   uint8 = iota // end of a simulated second: sample shares
+	evDeliver               // the bus delivers a message
+	evBoundary              // a region's epoch boundary
+	evWake                  // a coordinator's wake-up
+	evArrival               // a request arrives
+)
+
+type event struct {
+	at   int64 // ns since start, true time
+	kind uint8
+	seq  uint64
+	idx  int32
+}
+
+func (a *event) before(b *event) bool {
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	if a.kind != b.kind {
+		return a.kind < b.kind
+	}
+	return a.seq < b.seq
+}
+
+// eventHeap is a binary min-heap of events by (at, kind, seq): a total
+// order, so runs are deterministic.
+type eventHeap struct {
+	ev  []event
+	seq uint64
+}
+
+func (h *eventHeap) push(at int64, kind uint8, idx int) {
+	h.seq++
+	h.ev = append(h.ev, event{at: at, kind: kind, seq: h.seq, idx: int32(idx)})
+	i := len(h.ev) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h.ev[i].before(&h.ev[p]) {
+			break
+		}
+		h.ev[i], h.ev[p] = h.ev[p], h.ev[i]
+		i = p
+	}
+}
+
+func (h *eventHeap) pop() event {
+	top := h.ev[0]
+	n := len(h.ev) - 1
+	h.ev[0] = h.ev[n]
+	h.ev = h.ev[:n]
+	i := 0
+	for {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < n && h.ev[l].before(&h.ev[m]) {
+			m = l
+		}
+		if r < n && h.ev[r].before(&h.ev[m]) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h.ev[i], h.ev[m] = h.ev[m], h.ev[i]
+		i = m
+	}
+	return top
+}
+
+// call is one atomic limiter call of a request: the policies of one subject.
+type call struct {
+	subject  limiter.Subject
+	policies []*limiter.Policy
+	// fallback are the in-process policies used while the store is down;
+	// closed is set when an enforced policy of the call fails closed.
+	fallback []*limiter.Policy
+	closed   bool
+}
+
+type keyState struct {
+	tracked []int // recorder indexes, one per policy
+	calls   []call
+}
+
+type entryState struct {
+	tr      *Traffic
+	keys    []keyState
+	zipfCDF []float64 // groups: cumulative key popularity
+	mixCDF  []float64 // groups: cumulative region mix
+	keyRng  *rand.Rand
+	mixRng  *rand.Rand
+}
+
+type interval struct{ from, to int64 } // ns, [from, to)
+
+type shareRec struct {
+	milli    int64
+	expireNs int64 // true time; math.MaxInt64: none
+}
+
+type regionState struct {
+	skewNs       int64
+	store        *limiter.MemoryStore
+	lim          *limiter.Limiter
+	fallback     *limiter.Limiter
+	coord        Coordinator
+	coordDown    []interval
+	storeDown    []interval
+	usageDemand  []int64 // per tracked key, this epoch
+	usageAdmit   []int64
+	touched      []int
+	held         []Message
+	shares       map[int]shareRec // named tracked keys only
+	nextBoundary int64
+	epochNs      int64
+}
+
+func down(iv []interval, t int64) bool {
+	for _, i := range iv {
+		if t >= i.from && t < i.to {
+			return true
+		}
+	}
+	return false
+}
+
+type stream struct {
+	entry    int
+	region   int // -1: a group, the region is drawn per request
+	steps    []Step
+	seg      int // current step, -1 before the first
+	segStart int64
+	k        int64 // uniform: arrivals so far in the segment
+	uniform  bool
+	rng      *rand.Rand
+}
+
+func (s *stream) segEnd() int64 {
+	if s.seg+1 < len(s.steps) {
+		return int64(math.Round(s.steps[s.seg+1].AtSec * float64(nsPerSec)))
+	}
+	return math.MaxInt64
+}
+
+// next returns the first arrival after from, or -1 when the schedule stays
+// at 0 for ever. Poisson arrivals restart at every step (the process is
+// memoryless); uniform ones are evenly spaced from the step's start.
+func (s *stream) next(from int64) int64 {
+	for {
+		end := s.segEnd()
+		rate := 0.0
+		if s.seg >= 0 {
+			rate = s.steps[s.seg].Rate
+		}
+		if rate > 0 {
+			var cand int64
+			if s.uniform {
+				s.k++
+				cand = s.segStart + int64(math.Round(float64(s.k)*float64(nsPerSec)/rate))
+			} else {
+				cand = from + int64(s.rng.ExpFloat64()/rate*float64(nsPerSec))
+			}
+			if cand < end {
+				return cand
+			}
+		}
+		if end == math.MaxInt64 {
+			return -1
+		}
+		s.seg++
+		s.segStart, from, s.k = end, end, 0
+	}
+}
+
+type inflight struct {
+	to  int
+	msg Message
+}
+
+type engine struct {
+	ctx      context.Context
+	sc       *Scenario
+	opt      Options
+	startNs  int64
+	endNs    int64
+	rec      *Recorder
+	subjects []limiter.Subject // per tracked key
+	regions  []*regionState
+	entries  []entryState
+	streams  []stream
+	events   eventHeap
+	msgs     []inflight
+	freeMsgs []int
+	busRng   *rand.Rand
+	named    []int
+	err      error
+}
+
+// rng returns a generator for one purpose, seeded from the scenario seed
+// and the purpose's name, so adding a purpose never shifts another's draws.
+func rng(seed int64, purpose string) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(purpose))
+	return rand.New(rand.NewPCG(uint64(seed), h.Sum64()))
+}
+
+// Run simulates sc in virtual time and returns its report (Wall is left 0
+// for the caller). The same scenario and options give the same report.
+// Errors wrap ErrInternal; ctx cancels a run between simulated seconds.
+func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
+	e, err := newEngine(ctx, sc, opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.run(); err != nil {
+		return nil, err
+	}
+	return e.rec.Report(e.startNs / nsPerSec), nil
+}
+
+func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) {
+	if opt.NewCoordinator == nil {
+		opt.NewCoordinator = DefaultCoordinator
+	}
+	if opt.Start.IsZero() {
+		opt.Start = DefaultStart
+	}
+	e := &engine{
+		ctx:     ctx,
+		sc:      sc,
+		opt:     opt,
+		startNs: opt.Start.Truncate(time.Second).UnixNano(),
+		endNs:   sc.DurationSec * nsPerSec,
+		rec:     NewRecorder(sc),
+		busRng:  rng(sc.Seed, "bus"),
+	}
+	policies := map[string]*limiter.Policy{}
+	for _, p := range sc.Policies {
+		policies[p.ID] = p
+	}
+	fallbacks := map[string]*limiter.Policy{}
+	for _, p := range sc.Policies {
+		fb, err := fallbackPolicy(p, len(sc.Regions))
+		if err != nil {
+			return nil, fmt.Errorf("%w: fallback of policy %q: %v", ErrInternal, p.ID, err)
+		}
+		fallbacks[p.ID] = fb
+	}
+
+	// Traffic: keys, their tracked (key, policy) pairs and limiter calls.
+	for i := range sc.Traffic {
+		tr := &sc.Traffic[i]
+		es := entryState{tr: tr}
+		names := []string{tr.Key}
+		if !tr.Named() {
+			names = make([]string, tr.Count)
+			for j := range names {
+				names[j] = tr.KeyPrefix + strconv.Itoa(j)
+			}
+			es.zipfCDF = zipfCDF(tr.Count, tr.ZipfS)
+			es.mixCDF = cumulative(tr.RegionMix)
+			es.keyRng = rng(sc.Seed, fmt.Sprintf("traffic[%d].keys", i))
+			es.mixRng = rng(sc.Seed, fmt.Sprintf("traffic[%d].regions", i))
+		}
+		es.keys = make([]keyState, len(names))
+		for j, name := range names {
+			ks := &es.keys[j]
+			for _, id := range tr.Policies {
+				p := policies[id]
+				k := e.rec.Track(name, p, tr.Named())
+				ks.tracked = append(ks.tracked, k)
+				for len(e.subjects) <= k {
+					e.subjects = append(e.subjects, limiter.Subject{})
+				}
+				subj := limiter.Subject{Kind: p.Subject, Value: name}
+				e.subjects[k] = subj
+				c := -1
+				for ci := range ks.calls {
+					if ks.calls[ci].subject == subj {
+						c = ci
+					}
+				}
+				if c < 0 {
+					ks.calls = append(ks.calls, call{subject: subj})
+					c = len(ks.calls) - 1
+				}
+				ks.calls[c].policies = append(ks.calls[c].policies, p)
+				ks.calls[c].fallback = append(ks.calls[c].fallback, fallbacks[id])
+				if p.OnStoreFailure == limiter.FailClosed && p.Mode == limiter.Enforce {
+					ks.calls[c].closed = true
+				}
+			}
+		}
+		e.entries = append(e.entries, es)
+		if tr.Named() {
+			for r, steps := range tr.Rate {
+				if len(steps) > 0 {
+					e.streams = append(e.streams, e.newStream(i, r, steps, tr.Arrivals))
+				}
+			}
+		} else {
+			e.streams = append(e.streams, e.newStream(i, -1, tr.TotalRate, tr.Arrivals))
+		}
+	}
+	e.named = e.rec.Named()
+
+	// Regions.
+	epochNs := sc.EpochSec * nsPerSec
+	for r := range sc.Regions {
+		store := limiter.NewMemoryStore()
+		lim, err := limiter.New(limiter.Config{Store: store, Regions: len(sc.Regions)}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("%w: limiter: %v", ErrInternal, err)
+		}
+		fb, err := limiter.New(limiter.Config{Store: limiter.NewMemoryStore()}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("%w: fallback limiter: %v", ErrInternal, err)
+		}
+		coord, err := opt.NewCoordinator(RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies})
+		if err != nil {
+			return nil, fmt.Errorf("%w: coordinator of %s: %v", ErrInternal, sc.Regions[r], err)
+		}
+		rs := &regionState{
+			skewNs:      sc.ClockSkewMs[r] * int64(time.Millisecond),
+			store:       store,
+			lim:         lim,
+			fallback:    fb,
+			coord:       coord,
+			usageDemand: make([]int64, len(e.rec.keys)),
+			usageAdmit:  make([]int64, len(e.rec.keys)),
+			shares:      map[int]shareRec{},
+			epochNs:     epochNs,
+		}
+		for _, f := range sc.Faults {
+			if f.Region != r {
+				continue
+			}
+			iv := interval{secNs(f.FromSec), secNs(f.ToSec)}
+			if f.Kind == CoordinatorDown {
+				rs.coordDown = append(rs.coordDown, iv)
+			} else {
+				rs.storeDown = append(rs.storeDown, iv)
+			}
+		}
+		// First boundary: the first multiple of the epoch on the region's
+		// clock after the start.
+		clock0 := e.startNs + rs.skewNs
+		k := clock0/epochNs + 1
+		rs.nextBoundary = k*epochNs - clock0
+		e.events.push(rs.nextBoundary, evBoundary, r)
+		e.regions = append(e.regions, rs)
+	}
+	for i := range e.streams {
+		if t := e.streams[i].next(0); t >= 0 && t < e.endNs {
+			e.events.push(t, evArrival, i)
+		}
+	}
+	e.events.push(nsPerSec, evSecond, 0)
+	return e, nil
+}
+
+func secNs(s float64) int64 { return int64(math.Round(s * float64(nsPerSec))) }
+
+func (e *engine) newStream(entry, region int, steps []Step, arr Arrivals) stream {
+	s := stream{entry: entry, region: region, steps: steps, seg: -1, uniform: arr == Uniform,
+		rng: rng(e.sc.Seed, fmt.Sprintf("traffic[%d].arrivals.%d", entry, region))}
+	if steps[0].AtSec == 0 {
+		s.seg = 0
+	}
+	return s
+}
+
+// fallbackPolicy is the in-process policy a region uses for p while its
+// store is down. It mirrors the limiter's fallback rules (limiter/fallback.go,
+// seed design 7.6), which the engine cannot reach through a MemoryStore:
+// the base is the region's default share of a global bucket (rate and
+// burst / regions) or, for a window, the bucket of rate limit/window_s and
+// burst limit; open multiplies it by 2 (the default OpenFactor), local
+// divides it by the gateway instances (the engine runs one per region);
+// closed rejects and is handled by the caller.
+func fallbackPolicy(p *limiter.Policy, regions int) (*limiter.Policy, error) {
+	fb := &limiter.Policy{ID: p.ID, Algorithm: limiter.TokenBucket, Subject: p.Subject, Mode: p.Mode, Scope: limiter.ScopeRegion}
+	var rate, burst float64
+	if p.Algorithm == limiter.FixedWindow {
+		rate, burst = float64(p.Limit)/float64(p.WindowSec), float64(p.Limit)
+	} else {
+		rate, burst = float64(p.RateMilli())/1000/float64(regions), float64(p.BurstMilli())/1000/float64(regions)
+	}
+	if p.OnStoreFailure != limiter.FailLocal {
+		rate, burst = 2*rate, 2*burst
+	}
+	fb.RatePerSec = max(0.001, math.Floor(rate*1000)/1000)
+	fb.Burst = max(1, math.Floor(burst))
+	return fb, fb.Validate()
+}
+
+func zipfCDF(n int, s float64) []float64 {
+	cdf := make([]float64, n)
+	sum := 0.0
+	for i := range cdf {
+		sum += math.Pow(float64(i+1), -s)
+		cdf[i] = sum
+	}
+	for i := range cdf {
+		cdf[i] /= sum
+	}
+	return cdf
+}
+
+func cumulative(w []float64) []float64 {
+	out := make([]float64, len(w))
+	sum := 0.0
+	for i, v := range w {
+		sum += v
+		out[i] = sum
+	}
+	for i := range out {
+		out[i] /= sum
+	}
+	return out
+}
+
+// pick returns the first index whose cumulative weight exceeds u.
+func pick(cdf []float64, u float64) int {
+	lo, hi := 0, len(cdf)-1
+	for lo < hi {
+		m := (lo + hi) / 2
+		if cdf[m] > u {
+			hi = m
+		} else {
+			lo = m + 1
+		}
+	}
+	return lo
+}
+
+func (e *engine) run() error {
+	for len(e.events.ev) > 0 {
+		ev := e.events.pop()
+		if ev.at > e.endNs {
+			break
+		}
+		switch ev.kind {
+		case evSecond:
+			if err := e.second(ev.at); err != nil {
+				return err
+			}
+		case evDeliver:
+			e.deliver(ev.at, int(ev.idx))
+		case evBoundary:
+			e.tick(ev.at, int(ev.idx), true)
+		case evWake:
+			e.tick(ev.at, int(ev.idx), false)
+		case evArrival:
+			e.arrival(ev.at, int(ev.idx))
+		}
+		if e.err != nil {
+			return e.err
+		}
+	}
+	return nil
+}
+
+// second ends simulated second at/1s - 1: it samples the shares of named
+// keys, reports progress and checks for cancellation.
+func (e *engine) second(at int64) error {
+	sec := at/nsPerSec - 1
+	n := int64(len(e.regions))
+	for _, k := range e.named {
+		p := e.rec.keys[k].policy
+		for r, rs := range e.regions {
+			var share int64
+			if s, ok := rs.shares[k]; ok && at < s.expireNs {
+				share = s.milli
+			} else if p.Algorithm == limiter.FixedWindow {
+				share = p.Limit * 1000 // enforced locally in full until issue 6
+			} else {
+				share = max(1, p.RateMilli()/n)
+			}
+			e.rec.RecordShare(k, r, sec, share)
+		}
+	}
+	if e.opt.Progress != nil {
+		e.opt.Progress(sec+1, e.sc.DurationSec)
+	}
+	if err := e.ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInternal, err)
+	}
+	if at < e.endNs {
+		e.events.push(at+nsPerSec, evSecond, 0)
+	}
+	return nil
+}
+
+func (e *engine) regionNow(r int, at int64) time.Time {
+	return time.Unix(0, e.startNs+at+e.regions[r].skewNs).UTC()
+}
+
+func (e *engine) arrival(at int64, si int) {
+	s := &e.streams[si]
+	es := &e.entries[s.entry]
+	region, key := s.region, 0
+	if region < 0 {
+		key = pick(es.zipfCDF, es.keyRng.Float64())
+		region = pick(es.mixCDF, es.mixRng.Float64())
+	}
+	e.decide(at, region, es, key)
+	if t := s.next(at); t >= 0 && t < e.endNs {
+		e.events.push(t, evArrival, si)
+	}
+}
+
+// decide runs one request through the region's limiter (or its fallback
+// while the store is down) and records it.
+func (e *engine) decide(at int64, region int, es *entryState, key int) {
+	rs := e.regions[region]
+	now := time.Unix(0, e.startNs+at+rs.skewNs)
+	ks := &es.keys[key]
+	cost := es.tr.Cost
+	allowed := true
+	storeDown := down(rs.storeDown, at)
+	for i := range ks.calls {
+		c := &ks.calls[i]
+		var d limiter.Decision
+		var err error
+		switch {
+		case storeDown && c.closed:
+			allowed = false
+			continue
+		case storeDown:
+			d, err = rs.fallback.CheckSubjectAt(e.ctx, now, c.subject, c.fallback, cost)
+		default:
+			d, err = rs.lim.CheckSubjectAt(e.ctx, now, c.subject, c.policies, cost)
+		}
+		if err != nil {
+			e.err = fmt.Errorf("%w: limiter in %s: %v", ErrInternal, e.sc.Regions[region], err)
+			return
+		}
+		if !d.Allowed {
+			allowed = false
+		}
+	}
+	e.rec.Decision()
+	sec := at / nsPerSec
+	for _, k := range ks.tracked {
+		e.rec.Record(k, region, sec, cost, allowed)
+		if rs.usageDemand[k] == 0 {
+			rs.touched = append(rs.touched, k)
+		}
+		rs.usageDemand[k] += cost
+		if allowed {
+			rs.usageAdmit[k] += cost
+		}
+	}
+}
+
+func (e *engine) tick(at int64, r int, boundary bool) {
+	rs := e.regions[r]
+	if boundary {
+		rs.nextBoundary = at + rs.epochNs
+		e.events.push(rs.nextBoundary, evBoundary, r)
+	}
+	var usage []Usage
+	if boundary {
+		slices.Sort(rs.touched)
+		usage = make([]Usage, 0, len(rs.touched))
+		for _, k := range rs.touched {
+			usage = append(usage, Usage{Policy: e.rec.keys[k].policy.ID, Subject: e.subjects[k], Demand: rs.usageDemand[k], Admitted: rs.usageAdmit[k]})
+			rs.usageDemand[k], rs.usageAdmit[k] = 0, 0
+		}
+		rs.touched = rs.touched[:0]
+	}
+	if down(rs.coordDown, at) {
+		return // the epoch's usage is lost with the coordinator
+	}
+	now := e.regionNow(r, at)
+	for _, m := range rs.held {
+		rs.coord.Receive(now, m)
+	}
+	rs.held = rs.held[:0]
+	res := rs.coord.Tick(now, boundary, usage)
+	for _, payload := range res.Publish {
+		e.send(at, r, payload)
+	}
+	for _, u := range res.Shares {
+		rs.store.SetShare(now, u.Subject, u.Policy, u.RateMilli, u.BurstMilli, u.TTL)
+		if k, ok := e.rec.Lookup(u.Subject.Value, u.Policy); ok && e.rec.keys[k].named {
+			exp := int64(math.MaxInt64)
+			if u.TTL > 0 {
+				exp = at + int64(u.TTL)
+			}
+			rs.shares[k] = shareRec{milli: u.RateMilli, expireNs: exp}
+		}
+	}
+	if !res.Wake.IsZero() {
+		w := res.Wake.UnixNano() - e.startNs - rs.skewNs
+		if w > at && w < rs.nextBoundary {
+			e.events.push(w, evWake, r)
+		}
+	}
+}
+
+func (e *engine) partitioned(a, b int, at int64) bool {
+	for _, p := range e.sc.Network.Partitions {
+		if at < secNs(p.FromSec) || at >= secNs(p.ToSec) {
+			continue
+		}
+		if slices.Contains(p.Regions, a) != slices.Contains(p.Regions, b) {
+			return true
+		}
+	}
+	return false
+}
+
+// send puts a payload from region from on the bus to every other region:
+// each delivery is lost with probability loss, duplicated with probability
+// duplicate, delayed by latency +- jitter (uniform, never negative), and
+// dropped when a partition separates the two regions when it is sent or
+// when it would arrive.
+func (e *engine) send(at int64, from int, payload any) {
+	n := &e.sc.Network
+	for to := range e.regions {
+		if to == from || e.partitioned(from, to, at) {
+			continue
+		}
+		if e.busRng.Float64() < n.Loss {
+			continue
+		}
+		copies := 1
+		if e.busRng.Float64() < n.Duplicate {
+			copies = 2
+		}
+		for range copies {
+			delayMs := max(0, n.LatencyMs+(2*e.busRng.Float64()-1)*n.JitterMs)
+			slot := len(e.msgs)
+			if f := len(e.freeMsgs); f > 0 {
+				slot = e.freeMsgs[f-1]
+				e.freeMsgs = e.freeMsgs[:f-1]
+				e.msgs[slot] = inflight{to: to, msg: Message{From: from, Payload: payload}}
+			} else {
+				e.msgs = append(e.msgs, inflight{to: to, msg: Message{From: from, Payload: payload}})
+			}
+			e.events.push(at+int64(delayMs*float64(time.Millisecond)), evDeliver, slot)
+		}
+	}
+}
+
+func (e *engine) deliver(at int64, slot int) {
+	m := e.msgs[slot]
+	e.msgs[slot] = inflight{}
+	e.freeMsgs = append(e.freeMsgs, slot)
+	if e.partitioned(m.msg.From, m.to, at) {
+		return
+	}
+	rs := e.regions[m.to]
+	if down(rs.coordDown, at) {
+		rs.held = append(rs.held, m.msg)
+		return
+	}
+	rs.coord.Receive(e.regionNow(m.to, at), m.msg)
+}
