@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Clock tells the time. The zero Config uses the system clock.
@@ -17,27 +20,88 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
-// Config configures a Limiter. Start from DefaultConfig.
+// Config configures a Limiter. Start from DefaultConfig; a zero field takes
+// its default, a negative one (where noted) turns the feature off.
 type Config struct {
 	// Store holds the buckets. Default: a new MemoryStore.
 	Store Store
-	// Clock gives the time for in-process decisions (the MemoryStore's time
-	// and the deadlines). Default: the system clock. The RedisStore always
-	// decides with Redis server time.
+	// Clock gives the time for in-process decisions (the MemoryStore's
+	// time, the breaker, the deny cache, the fallback and usage epochs).
+	// Default: the system clock. The RedisStore always decides with Redis
+	// server time; store deadlines are wall-clock.
 	Clock Clock
 	// Regions is the number of regions that share every global policy;
 	// a key without a share record gets 1/Regions of the global rate and
 	// burst (rounded down). Default 1.
 	Regions int
+
+	// The resilience layer (deadline, breaker, fallback, deny cache)
+	// applies to remote stores only (any Store but the MemoryStore, which
+	// cannot fail).
+
+	// Deadline bounds every store call. No Check waits longer than
+	// Deadline plus scheduling time: the call runs in its own goroutine
+	// and is abandoned when the deadline passes. Default 5 ms.
+	Deadline time.Duration
+	// Breaker configures the circuit breaker. Default DefaultBreakerConfig.
+	Breaker BreakerConfig
+	// Instances is the number of gateway instances of the region; a
+	// FailLocal policy falls back to rate and burst / Instances per
+	// instance. Default 1.
+	Instances int
+	// OpenFactor multiplies rate and burst for FailOpen fallbacks, per
+	// instance. Default 2.
+	OpenFactor float64
+	// FallbackMaxKeys bounds the in-process fallback limiters, one per
+	// (policy, subject). Default 100000.
+	FallbackMaxKeys int
+	// DenyCacheMaxKeys bounds the local deny cache, one entry per (policy,
+	// subject). Default 100000; negative disables the cache.
+	DenyCacheMaxKeys int
+
+	// UsageEpoch is the epoch length for usage of global policies: epoch =
+	// floor(unix_ms / UsageEpoch in ms). Default 10 s.
+	UsageEpoch time.Duration
+	// UsageMaxKeys bounds the usage counts held in memory (pending
+	// flushes included), one per (epoch, policy, subject). Default 1<<20.
+	UsageMaxKeys int
+
+	// Events receives sampled decisions. Default SlogSink{Logger}.
+	Events EventSink
+	// EventSampleRate is the fraction of decisions sent to Events.
+	// Default 0.01; negative disables events.
+	EventSampleRate float64
+	// EventSeed seeds the sampler (deterministic tests). Default 1.
+	EventSeed uint64
+	// Logger receives the limiter's own log lines and, by default, the
+	// events. Default: discard.
+	Logger *slog.Logger
+	// Metrics, when set, receives the limiter's metrics (see metrics.go).
+	// Default: none.
+	Metrics prometheus.Registerer
 }
 
-// DefaultConfig is an in-memory limiter on the system clock, one region.
+// DefaultConfig is an in-memory limiter on the system clock, one region,
+// with the documented defaults filled in.
 func DefaultConfig() Config {
-	return Config{Regions: 1}
+	return Config{
+		Regions:          1,
+		Deadline:         5 * time.Millisecond,
+		Breaker:          DefaultBreakerConfig(),
+		Instances:        1,
+		OpenFactor:       2,
+		FallbackMaxKeys:  100_000,
+		DenyCacheMaxKeys: 100_000,
+		UsageEpoch:       10 * time.Second,
+		UsageMaxKeys:     1 << 20,
+		EventSampleRate:  0.01,
+		EventSeed:        1,
+	}
 }
 
-// Validate fills defaults and rejects bad values.
+// Validate fills defaults and rejects bad values, naming the field.
 func (c *Config) Validate() error {
+	d := DefaultConfig()
 	if c.Store == nil {
 		c.Store = NewMemoryStore()
 	}
@@ -50,6 +114,63 @@ func (c *Config) Validate() error {
 	if c.Regions < 0 || c.Regions > 64 {
 		return fmt.Errorf("limiter: config: Regions must be between 1 and 64, got %d", c.Regions)
 	}
+	if c.Deadline == 0 {
+		c.Deadline = d.Deadline
+	}
+	if c.Deadline < 0 {
+		return fmt.Errorf("limiter: config: Deadline must be > 0, got %v", c.Deadline)
+	}
+	if err := c.Breaker.validate(); err != nil {
+		return err
+	}
+	if c.Instances == 0 {
+		c.Instances = d.Instances
+	}
+	if c.Instances < 0 {
+		return fmt.Errorf("limiter: config: Instances must be >= 1, got %d", c.Instances)
+	}
+	if c.OpenFactor == 0 {
+		c.OpenFactor = d.OpenFactor
+	}
+	if c.OpenFactor < 0 || c.OpenFactor > 1000 {
+		return fmt.Errorf("limiter: config: OpenFactor must be in (0, 1000], got %v", c.OpenFactor)
+	}
+	if c.FallbackMaxKeys == 0 {
+		c.FallbackMaxKeys = d.FallbackMaxKeys
+	}
+	if c.FallbackMaxKeys < 0 {
+		return fmt.Errorf("limiter: config: FallbackMaxKeys must be >= 1, got %d", c.FallbackMaxKeys)
+	}
+	if c.DenyCacheMaxKeys == 0 {
+		c.DenyCacheMaxKeys = d.DenyCacheMaxKeys
+	}
+	if c.UsageEpoch == 0 {
+		c.UsageEpoch = d.UsageEpoch
+	}
+	if c.UsageEpoch < time.Millisecond {
+		return fmt.Errorf("limiter: config: UsageEpoch must be at least 1ms, got %v", c.UsageEpoch)
+	}
+	if c.UsageMaxKeys == 0 {
+		c.UsageMaxKeys = d.UsageMaxKeys
+	}
+	if c.UsageMaxKeys < 0 {
+		return fmt.Errorf("limiter: config: UsageMaxKeys must be >= 1, got %d", c.UsageMaxKeys)
+	}
+	if c.EventSampleRate == 0 {
+		c.EventSampleRate = d.EventSampleRate
+	}
+	if c.EventSampleRate > 1 {
+		return fmt.Errorf("limiter: config: EventSampleRate must be at most 1, got %v", c.EventSampleRate)
+	}
+	if c.EventSeed == 0 {
+		c.EventSeed = d.EventSeed
+	}
+	if c.Logger == nil {
+		c.Logger = discardLogger()
+	}
+	if c.Events == nil {
+		c.Events = SlogSink{Logger: c.Logger}
+	}
 	return nil
 }
 
@@ -61,6 +182,17 @@ type Limiter struct {
 	clock    Clock
 	regions  int64
 	policies atomic.Pointer[[]*Policy]
+
+	remote   bool // the resilience layer applies
+	deadline time.Duration
+	breaker  *Breaker
+	deny     *denyCache // nil: disabled
+	fb       *fallback
+	usage    *usageCounter
+	events   EventSink
+	sampler  *sampler
+	metrics  *metrics // nil: none
+	logger   *slog.Logger
 }
 
 // ErrNoPolicies is returned by SetPolicies for a policy that was not
@@ -68,12 +200,40 @@ type Limiter struct {
 var ErrNoPolicies = errors.New("limiter: policy not validated")
 
 // New returns a Limiter enforcing policies, which must come from
-// ParsePolicies or have passed Validate.
+// ParsePolicies or have passed Validate. It fails when cfg is invalid or
+// its metrics cannot be registered.
 func New(cfg Config, policies []*Policy) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: cfg.Store, clock: cfg.Clock, regions: int64(cfg.Regions)}
+	_, inMemory := cfg.Store.(*MemoryStore)
+	l := &Limiter{
+		store:    cfg.Store,
+		clock:    cfg.Clock,
+		regions:  int64(cfg.Regions),
+		remote:   !inMemory,
+		deadline: cfg.Deadline,
+		fb:       newFallback(cfg.FallbackMaxKeys, cfg.OpenFactor, cfg.Instances, cfg.Regions),
+		usage:    newUsageCounter(cfg.UsageEpoch, cfg.UsageMaxKeys),
+		events:   cfg.Events,
+		sampler:  newSampler(cfg.EventSampleRate, cfg.EventSeed),
+		logger:   cfg.Logger,
+	}
+	m, err := newMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("limiter: config: Metrics: %w", err)
+	}
+	l.metrics = m
+	if l.breaker, err = NewBreaker(cfg.Breaker); err != nil {
+		return nil, err
+	}
+	if m != nil {
+		l.breaker.onChange = m.breakerState
+		l.usage.onDrop = m.usageDropped
+	}
+	if cfg.DenyCacheMaxKeys > 0 {
+		l.deny = newDenyCache(cfg.DenyCacheMaxKeys)
+	}
 	if err := l.SetPolicies(policies); err != nil {
 		return nil, err
 	}
@@ -81,7 +241,8 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 }
 
 // SetPolicies replaces the policy set atomically. Policies must be
-// validated; on error the old set stays in force.
+// validated; on error the old set stays in force. The deny cache and the
+// fallback limiters are cleared, so a loosened policy takes effect at once.
 func (l *Limiter) SetPolicies(policies []*Policy) error {
 	for i, p := range policies {
 		if p == nil || !p.validated {
@@ -90,11 +251,22 @@ func (l *Limiter) SetPolicies(policies []*Policy) error {
 	}
 	cp := append([]*Policy(nil), policies...)
 	l.policies.Store(&cp)
+	if l.deny != nil {
+		l.deny.clear()
+	}
+	l.fb.clear()
+	l.metrics.forget()
 	return nil
 }
 
 // Policies returns the policy set in force. The caller must not modify it.
 func (l *Limiter) Policies() []*Policy { return *l.policies.Load() }
+
+// Now is the limiter's clock time.
+func (l *Limiter) Now() time.Time { return l.clock.Now() }
+
+// BreakerState is the circuit breaker's state at the limiter's clock time.
+func (l *Limiter) BreakerState() BreakerState { return l.breaker.State(l.clock.Now()) }
 
 // Request is one request to decide.
 type Request struct {
@@ -120,8 +292,8 @@ const (
 	// SourceDenyCache: the subject was rejected recently and is still
 	// within its retry time; rejected without a store call.
 	SourceDenyCache Source = "deny_cache"
-	// SourceFallback: the store could not answer; the policy's failure mode
-	// decided.
+	// SourceFallback: the store could not answer (error, deadline, open
+	// circuit breaker); the policy's failure mode decided.
 	SourceFallback Source = "fallback"
 	// SourceNone: no policy applied.
 	SourceNone Source = "none"
@@ -156,6 +328,10 @@ type PolicyDecision struct {
 	Delay time.Duration
 	// Source says what answered for this policy.
 	Source Source
+	// FailedClosed is set when the store could not answer and the
+	// policy's failure mode is closed: the policy rejects (or, in shadow
+	// mode, would reject) because nothing could decide.
+	FailedClosed bool
 }
 
 // Decision is the answer to one request.
@@ -190,19 +366,71 @@ func (d *Decision) RetryAfter() time.Duration {
 	return ra
 }
 
+// FailedClosed reports whether the request was rejected because an
+// enforced fail-closed policy could not be decided (the store was
+// unavailable): a service error rather than the client's excess.
+func (d *Decision) FailedClosed() bool {
+	if d.Allowed {
+		return false
+	}
+	for i := range d.Policies {
+		p := &d.Policies[i]
+		if p.FailedClosed && p.Policy.Mode == Enforce {
+			return true
+		}
+	}
+	return false
+}
+
+// ErrCanceled is returned by Check when the caller's context ended before
+// a decision: nothing was decided (the store may or may not have
+// consumed).
+var ErrCanceled = errors.New("limiter: check canceled")
+
 // Check decides req at the limiter's clock time. See CheckAt.
 func (l *Limiter) Check(ctx context.Context, req Request) (Decision, error) {
-	return l.CheckAt(ctx, l.clock.Now(), req)
+	var d Decision
+	err := l.CheckInto(ctx, l.clock.Now(), req, &d)
+	return d, err
+}
+
+// CheckAt decides req at now. See CheckInto.
+func (l *Limiter) CheckAt(ctx context.Context, now time.Time, req Request) (Decision, error) {
+	var d Decision
+	err := l.CheckInto(ctx, now, req, &d)
+	return d, err
 }
 
 // maxSubjects is the number of subject kinds.
 const maxSubjects = 4
 
-// CheckAt decides req at now: it selects the policies that match the
-// request, groups them by subject, and evaluates each group in one atomic
-// store call. With no matching policy the request is allowed (SourceNone).
-// A store error is returned with a zero Decision: nothing was decided.
-func (l *Limiter) CheckAt(ctx context.Context, now time.Time, req Request) (Decision, error) {
+// CheckInto decides req at now into d, reusing d.Policies' storage (so a
+// caller that pools Decisions makes a deny-cache hit allocate nothing).
+// It selects the policies that match the request, groups them by subject,
+// and decides each group:
+//
+//  1. deny cache (remote stores): if an enforced policy of the group
+//     rejected this subject recently for at most this cost and its retry
+//     time has not come, the group is rejected locally (SourceDenyCache)
+//     and only the cached policies are reported;
+//  2. the store, in one atomic call bounded by Config.Deadline, unless the
+//     circuit breaker is open (SourceStore);
+//  3. when the store fails, times out or the breaker is open, the
+//     in-process fallback of each policy's failure mode (SourceFallback;
+//     see fallback.go): open and local admit under an in-process limit,
+//     closed rejects with FailedClosed set.
+//
+// With no matching policy the request is allowed (SourceNone). Usage of
+// global policies is counted, the decision is observed in the metrics and
+// sampled to the event sink. The only error is ErrCanceled (wrapping the
+// context's error) when ctx ends first; with the MemoryStore no error
+// occurs. A store failure never surfaces as an error: the fallback answers.
+func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *Decision) error {
+	var start time.Time
+	if l.metrics != nil {
+		start = time.Now()
+	}
+	*d = Decision{Allowed: true, Source: SourceNone, Policies: d.Policies[:0]}
 	policies := *l.policies.Load()
 	var kinds [maxSubjects]SubjectKind
 	nk := 0
@@ -222,7 +450,6 @@ func (l *Limiter) CheckAt(ctx context.Context, now time.Time, req Request) (Deci
 			nk++
 		}
 	}
-	d := Decision{Allowed: true, Source: SourceNone}
 	var group [8]*Policy
 	for _, kind := range kinds[:nk] {
 		subj, ok := req.Identity.Subject(kind)
@@ -235,16 +462,29 @@ func (l *Limiter) CheckAt(ctx context.Context, now time.Time, req Request) (Deci
 				g = append(g, p)
 			}
 		}
-		if err := l.evalGroup(ctx, now, subj, g, req, &d); err != nil {
-			return Decision{}, err
+		if err := l.decideGroup(ctx, now, subj, g, &req, d); err != nil {
+			*d = Decision{Policies: d.Policies[:0]}
+			return err
 		}
 	}
-	return d, nil
+	if !d.Allowed {
+		d.Delay = 0
+	}
+	if l.metrics != nil {
+		l.metrics.observe(d, time.Since(start))
+	}
+	if len(d.Policies) > 0 && l.sampler.sample() {
+		l.events.Emit(newEvent(now, &req, d))
+	}
+	return nil
 }
 
 // CheckSubjectAt evaluates the given policies for one subject at now,
-// bypassing policy selection, with one cost for all of them (0 peeks). The
-// simulator and tools use it; gateways use Check.
+// bypassing policy selection, with one cost for all of them (0 peeks). It
+// is the raw path: one store call, with none of the resilience layer (no
+// deadline, breaker, fallback or deny cache), no usage counting, metrics
+// or events; a store error is returned with a zero Decision. The simulator
+// and tools use it; gateways use Check.
 func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Subject, policies []*Policy, cost int64) (Decision, error) {
 	for i, p := range policies {
 		if p == nil || !p.validated {
@@ -259,7 +499,229 @@ func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Sub
 	return d, nil
 }
 
+// costOf is the cost req charges under p.
+func costOf(p *Policy, req *Request) int64 {
+	switch {
+	case req.Peek:
+		return 0
+	case req.Cost > 0:
+		return req.Cost
+	}
+	return p.CostOf(req.Method, req.Path)
+}
+
+// worse is the less exact of two sources (fallback > deny cache > store).
+func worse(a, b Source) Source {
+	rank := func(s Source) int {
+		switch s {
+		case SourceFallback:
+			return 3
+		case SourceDenyCache:
+			return 2
+		case SourceStore:
+			return 1
+		}
+		return 0
+	}
+	if rank(b) > rank(a) {
+		return b
+	}
+	return a
+}
+
+// decideGroup decides the policies of one subject (see CheckInto) and
+// appends their PolicyDecisions to d.
+func (l *Limiter) decideGroup(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req *Request, d *Decision) error {
+	if len(policies) == 0 {
+		return nil
+	}
+	if !l.remote {
+		err := l.evalGroup(ctx, now, subj, policies, *req, d)
+		if err == nil {
+			l.countUsage(now, subj, policies, req, d.Policies[len(d.Policies)-len(policies):], d.Allowed)
+		}
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrCanceled, err)
+	}
+	nowNs := now.UnixNano()
+	if l.deny != nil && !req.Peek && l.denyHit(now, nowNs, subj, policies, req, d) {
+		return nil
+	}
+	ok, probe := l.breaker.Allow(now)
+	if ok {
+		base := len(d.Policies)
+		err := l.evalGroupDeadline(ctx, now, subj, policies, *req, d)
+		if err == nil {
+			l.breaker.Record(now, probe, true)
+			l.fillDenyCache(nowNs, subj, d.Policies[base:], req)
+			l.countUsage(now, subj, policies, req, d.Policies[base:], policyDecisions(d.Policies[base:]).allAllowed())
+			return nil
+		}
+		if ctx.Err() != nil {
+			// The caller gave up; not the store's fault.
+			l.breaker.Record(now, probe, true)
+			return fmt.Errorf("%w: %w", ErrCanceled, ctx.Err())
+		}
+		l.breaker.Record(now, probe, false)
+		l.metrics.storeError()
+	}
+	return l.fallbackGroup(now, subj, policies, req, d)
+}
+
+type policyDecisions []PolicyDecision
+
+// allAllowed reports whether no enforced policy rejects.
+func (ps policyDecisions) allAllowed() bool {
+	for i := range ps {
+		if !ps[i].Allowed && ps[i].Policy.Mode == Enforce {
+			return false
+		}
+	}
+	return true
+}
+
+// denyHit answers the group from the deny cache if an enforced policy
+// rejects req's cost there.
+func (l *Limiter) denyHit(now time.Time, nowNs int64, subj Subject, policies []*Policy, req *Request, d *Decision) bool {
+	hit := false
+	for _, p := range policies {
+		if p.Mode != Enforce {
+			continue
+		}
+		cost := costOf(p, req)
+		e, ok := l.deny.lookup(denyKey{policy: p.ID, kind: subj.Kind, value: subj.Value}, cost, nowNs)
+		if !ok {
+			continue
+		}
+		hit = true
+		retry := ceilMs(time.Duration(e.until - nowNs))
+		reset := max(retry, ceilMs(time.Duration(e.resetAt-nowNs)))
+		d.Policies = append(d.Policies, PolicyDecision{
+			Policy:     p,
+			Subject:    subj,
+			Cost:       cost,
+			Limit:      p.capacity(),
+			Remaining:  e.remaining,
+			ResetAfter: reset,
+			RetryAfter: retry,
+			Never:      cost > p.capacity(),
+			Source:     SourceDenyCache,
+		})
+	}
+	if !hit {
+		return false
+	}
+	d.Allowed = false
+	d.Source = worse(d.Source, SourceDenyCache)
+	for _, p := range policies {
+		if p.Scope == ScopeGlobal {
+			l.usage.add(now, p.ID, subj, costOf(p, req), 0)
+		}
+	}
+	return true
+}
+
+// fillDenyCache remembers the enforced policies that rejected.
+func (l *Limiter) fillDenyCache(nowNs int64, subj Subject, pds []PolicyDecision, req *Request) {
+	if l.deny == nil || req.Peek {
+		return
+	}
+	for i := range pds {
+		pd := &pds[i]
+		if pd.Allowed || pd.Policy.Mode != Enforce || pd.RetryAfter <= 0 {
+			continue
+		}
+		l.deny.add(denyKey{policy: pd.Policy.ID, kind: subj.Kind, value: subj.Value}, denyEntry{
+			until:     nowNs + int64(pd.RetryAfter),
+			resetAt:   nowNs + int64(pd.ResetAfter),
+			cost:      pd.Cost,
+			remaining: pd.Remaining,
+		}, nowNs)
+	}
+}
+
+// fallbackGroup answers the group in process.
+func (l *Limiter) fallbackGroup(now time.Time, subj Subject, policies []*Policy, req *Request, d *Decision) error {
+	var costBuf [8]int64
+	costs := costBuf[:0]
+	for _, p := range policies {
+		costs = append(costs, costOf(p, req))
+	}
+	base := len(d.Policies)
+	for range policies {
+		d.Policies = append(d.Policies, PolicyDecision{})
+	}
+	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
+	allowed := l.fb.decide(now, subj, policies, costs, closedRetry, d.Policies[base:])
+	if !allowed {
+		d.Allowed = false
+	}
+	d.Source = worse(d.Source, SourceFallback)
+	l.countUsage(now, subj, policies, req, d.Policies[base:], allowed)
+	return nil
+}
+
+// countUsage adds demand and admitted cost of the group's global policies.
+func (l *Limiter) countUsage(now time.Time, subj Subject, policies []*Policy, req *Request, pds []PolicyDecision, groupAllowed bool) {
+	if req.Peek {
+		return
+	}
+	for i, p := range policies {
+		if p.Scope != ScopeGlobal || i >= len(pds) {
+			continue
+		}
+		var admitted int64
+		if groupAllowed && pds[i].Allowed {
+			admitted = pds[i].Cost
+		}
+		l.usage.add(now, p.ID, subj, pds[i].Cost, admitted)
+	}
+}
+
+// storeCall is one store call run in its own goroutine, so that the
+// caller can abandon it at the deadline; it owns copies of the buffers.
+type storeCall struct {
+	ops     []op
+	res     []result
+	allowed bool
+	err     error
+	done    chan struct{}
+}
+
+// evalGroupDeadline is evalGroup with the store call bounded by the
+// deadline, whatever the store does.
+func (l *Limiter) evalGroupDeadline(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision) error {
+	return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject string, ops []op, res []result) (bool, error) {
+		cctx, cancel := context.WithTimeout(ctx, l.deadline)
+		c := &storeCall{ops: append([]op(nil), ops...), res: make([]result, len(res)), done: make(chan struct{})}
+		go func() {
+			defer cancel()
+			c.allowed, c.err = l.store.eval(cctx, now, subject, c.ops, c.res)
+			close(c.done)
+		}()
+		select {
+		case <-c.done:
+		case <-cctx.Done():
+			select {
+			case <-c.done:
+			default:
+				return false, fmt.Errorf("%w: no answer within %v: %v", ErrStoreUnavailable, l.deadline, cctx.Err())
+			}
+		}
+		copy(res, c.res)
+		return c.allowed, c.err
+	})
+}
+
 func (l *Limiter) evalGroup(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision) error {
+	return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject string, ops []op, res []result) (bool, error) {
+		return l.store.eval(ctx, now, subject, ops, res)
+	})
+}
+
+func (l *Limiter) evalGroupWith(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision, eval func(context.Context, string, []op, []result) (bool, error)) error {
 	if len(policies) == 0 {
 		return nil
 	}
@@ -270,23 +732,17 @@ func (l *Limiter) evalGroup(ctx context.Context, now time.Time, subj Subject, po
 		ops, res = make([]op, 0, len(policies)), make([]result, 0, len(policies))
 	}
 	for _, p := range policies {
-		cost := req.Cost
-		if req.Peek {
-			cost = 0
-		} else if cost <= 0 {
-			cost = p.CostOf(req.Method, req.Path)
-		}
-		ops = append(ops, l.opFor(p, cost))
+		ops = append(ops, l.opFor(p, costOf(p, &req)))
 		res = append(res, result{})
 	}
-	allowed, err := l.store.eval(ctx, now, subj.Key(), ops, res)
+	allowed, err := eval(ctx, subj.Key(), ops, res)
 	if err != nil {
 		return err
 	}
 	if !allowed {
 		d.Allowed = false
 	}
-	d.Source = SourceStore
+	d.Source = worse(d.Source, SourceStore)
 	if d.Policies == nil {
 		d.Policies = make([]PolicyDecision, 0, len(policies))
 	}

@@ -1,0 +1,533 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// UsageCount is the usage of one global policy by one subject in one epoch:
+// what the gateways flush and what CollectUsage returns.
+type UsageCount struct {
+	// Epoch is floor(unix_ms / epoch_ms).
+	Epoch int64
+	// PolicyID is the global policy counted.
+	PolicyID string
+	// Subject is the subject counted.
+	Subject Subject
+	// Demand is the cost of every attempt, admitted or not, including
+	// answers from the deny cache and the fallback, in cost units.
+	Demand int64
+	// Admitted is the cost admitted, in cost units.
+	Admitted int64
+}
+
+type usageKey struct {
+	epoch  int64
+	policy string
+	kind   SubjectKind
+	value  string
+}
+
+type usageVal struct{ demand, admitted int64 }
+
+// usageCounter counts, in memory, the demand and admitted cost of every
+// global policy per subject and epoch, until a flusher takes them. It holds
+// at most maxKeys (epoch, policy, subject) entries, pending ones included;
+// counts for new keys beyond that are dropped and counted in dropped (and
+// the quotient_limiter_usage_dropped_total metric).
+type usageCounter struct {
+	epochMs int64
+	maxKeys int
+
+	mu      sync.Mutex
+	counts  map[usageKey]usageVal
+	dropped int64
+	onDrop  func(n int)
+}
+
+func newUsageCounter(epoch time.Duration, maxKeys int) *usageCounter {
+	return &usageCounter{epochMs: epoch.Milliseconds(), maxKeys: maxKeys, counts: make(map[usageKey]usageVal)}
+}
+
+// epochOf is the epoch number of a time.
+func (u *usageCounter) epochOf(now time.Time) int64 {
+	ms := now.UnixMilli()
+	e := ms / u.epochMs
+	if ms < 0 && ms%u.epochMs != 0 {
+		e--
+	}
+	return e
+}
+
+func (u *usageCounter) add(now time.Time, policy string, subj Subject, demand, admitted int64) {
+	if demand <= 0 && admitted <= 0 {
+		return
+	}
+	k := usageKey{epoch: u.epochOf(now), policy: policy, kind: subj.Kind, value: subj.Value}
+	u.mu.Lock()
+	v, ok := u.counts[k]
+	if !ok && len(u.counts) >= u.maxKeys {
+		u.dropped++
+		u.mu.Unlock()
+		if u.onDrop != nil {
+			u.onDrop(1)
+		}
+		return
+	}
+	v.demand += demand
+	v.admitted += admitted
+	u.counts[k] = v
+	u.mu.Unlock()
+}
+
+// take removes and returns every count, sorted by epoch, policy, subject.
+func (u *usageCounter) take() []UsageCount {
+	u.mu.Lock()
+	counts := u.counts
+	u.counts = make(map[usageKey]usageVal, len(counts))
+	u.mu.Unlock()
+	out := make([]UsageCount, 0, len(counts))
+	for k, v := range counts {
+		out = append(out, UsageCount{Epoch: k.epoch, PolicyID: k.policy, Subject: Subject{Kind: k.kind, Value: k.value}, Demand: v.demand, Admitted: v.admitted})
+	}
+	sortUsage(out)
+	return out
+}
+
+// putBack merges counts that could not be written back in, dropping those
+// of epochs before minEpoch (too late for any coordinator) and any beyond
+// the key bound. It returns how many were dropped.
+func (u *usageCounter) putBack(counts []UsageCount, minEpoch int64) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	dropped := 0
+	for _, c := range counts {
+		k := usageKey{epoch: c.Epoch, policy: c.PolicyID, kind: c.Subject.Kind, value: c.Subject.Value}
+		v, ok := u.counts[k]
+		if c.Epoch < minEpoch || (!ok && len(u.counts) >= u.maxKeys) {
+			dropped++
+			continue
+		}
+		v.demand += c.Demand
+		v.admitted += c.Admitted
+		u.counts[k] = v
+	}
+	u.dropped += int64(dropped)
+	return dropped
+}
+
+func sortUsage(out []UsageCount) {
+	sort.Slice(out, func(i, j int) bool {
+		a, b := &out[i], &out[j]
+		if a.Epoch != b.Epoch {
+			return a.Epoch < b.Epoch
+		}
+		if a.PolicyID != b.PolicyID {
+			return a.PolicyID < b.PolicyID
+		}
+		if a.Subject.Kind != b.Subject.Kind {
+			return a.Subject.Kind < b.Subject.Kind
+		}
+		return a.Subject.Value < b.Subject.Value
+	})
+}
+
+// UsageSink receives flushed usage counts. WriteUsage adds counts to what
+// the sink holds (it is not idempotent); it returns the counts it could not
+// confirm as written, which the flusher keeps and retries on its next tick,
+// and an error saying why. The caller owns counts; the sink must not keep
+// it. It must honour ctx.
+type UsageSink interface {
+	WriteUsage(ctx context.Context, counts []UsageCount) (failed []UsageCount, err error)
+}
+
+// UsageKey is the Redis key of one usage shard of one epoch:
+// "qu:{<epoch>:<shard>}". See RedisUsageSink for the layout.
+func UsageKey(epoch int64, shard int) string {
+	return "qu:{" + strconv.FormatInt(epoch, 10) + ":" + strconv.Itoa(shard) + "}"
+}
+
+// usageShard is the shard of a (policy, subject key) pair: FNV-1a (64 bit)
+// of "<policy>:<subject key>" modulo shards, the same in every gateway.
+func usageShard(policy, subjectKey string, shards int) int {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(policy); i++ {
+		h = (h ^ uint64(policy[i])) * 1099511628211
+	}
+	h = (h ^ ':') * 1099511628211
+	for i := 0; i < len(subjectKey); i++ {
+		h = (h ^ uint64(subjectKey[i])) * 1099511628211
+	}
+	return int(h % uint64(shards))
+}
+
+// RedisUsageSink writes usage counts to the region's Redis (standalone or
+// cluster), where the coordinator collects one epoch's totals with
+// CollectUsage. Layout, per epoch E (floor(unix_ms / epoch_ms)) and shard S
+// in [0, Shards):
+//
+//	key   qu:{E:S}                      a hash; the hash tag spreads the
+//	                                    shards of one epoch over cluster slots
+//	field d:<policy id>:<subject key>   demand, cost units (HINCRBY)
+//	field a:<policy id>:<subject key>   admitted cost, cost units (HINCRBY)
+//
+// The subject key is Subject.Key() (kind prefix and escaped value; decode it
+// with ParseSubjectKey); policy ids never contain ':', so a field splits at
+// its second ':'. The shard of a pair is FNV-1a-64("<policy>:<subject
+// key>") mod Shards. Every gateway of the region adds to the same fields,
+// so a field holds the region's total. Each write sets the key to expire at
+// the end of epoch E+TTLEpochs (PEXPIREAT). One flush is one pipeline
+// (go-redis splits it per cluster node); commands that failed are returned
+// and retried on the next tick. A command that timed out after Redis
+// applied it is counted twice on retry: usage is at-least-once, which demand
+// estimates tolerate.
+//
+// It is safe for concurrent use.
+type RedisUsageSink struct {
+	client    redis.UniversalClient
+	shards    int
+	epochMs   int64
+	ttlEpochs int64
+}
+
+// DefaultUsageShards is the default number of shard hashes per epoch.
+const DefaultUsageShards = 16
+
+// NewRedisUsageSink returns a sink on client (owned by the caller) with
+// shards hashes per epoch (DefaultUsageShards when <= 0), epochs of epoch
+// (the limiter's UsageEpoch) and keys living ttlEpochs epochs after theirs
+// ends (3 when <= 0).
+func NewRedisUsageSink(client redis.UniversalClient, shards int, epoch time.Duration, ttlEpochs int) *RedisUsageSink {
+	if shards <= 0 {
+		shards = DefaultUsageShards
+	}
+	if ttlEpochs <= 0 {
+		ttlEpochs = 3
+	}
+	return &RedisUsageSink{client: client, shards: shards, epochMs: max(1, epoch.Milliseconds()), ttlEpochs: int64(ttlEpochs)}
+}
+
+// WriteUsage implements UsageSink.
+func (s *RedisUsageSink) WriteUsage(ctx context.Context, counts []UsageCount) ([]UsageCount, error) {
+	if len(counts) == 0 {
+		return nil, nil
+	}
+	type pending struct {
+		count      UsageCount
+		cmds       []*redis.IntCmd
+		expireKeys []*redis.BoolCmd
+	}
+	pipe := s.client.Pipeline()
+	items := make([]pending, len(counts))
+	expired := map[string]bool{}
+	for i, c := range counts {
+		sk := c.Subject.Key()
+		key := UsageKey(c.Epoch, usageShard(c.PolicyID, sk, s.shards))
+		it := pending{count: c}
+		if c.Demand != 0 {
+			it.cmds = append(it.cmds, pipe.HIncrBy(ctx, key, "d:"+c.PolicyID+":"+sk, c.Demand))
+		}
+		if c.Admitted != 0 {
+			it.cmds = append(it.cmds, pipe.HIncrBy(ctx, key, "a:"+c.PolicyID+":"+sk, c.Admitted))
+		}
+		if !expired[key] {
+			expired[key] = true
+			at := time.UnixMilli((c.Epoch + 1 + s.ttlEpochs) * s.epochMs)
+			it.expireKeys = append(it.expireKeys, pipe.PExpireAt(ctx, key, at))
+		}
+		items[i] = it
+	}
+	_, execErr := pipe.Exec(ctx)
+	if execErr == nil {
+		return nil, nil
+	}
+	var failed []UsageCount
+	var firstErr error
+	for _, it := range items {
+		// Retry only the halves that failed, so a success is not repeated.
+		c := it.count
+		c.Demand, c.Admitted = 0, 0
+		ci := 0
+		if it.count.Demand != 0 {
+			if err := it.cmds[ci].Err(); err != nil {
+				c.Demand = it.count.Demand
+				firstErr = firstOf(firstErr, err)
+			}
+			ci++
+		}
+		if it.count.Admitted != 0 {
+			if err := it.cmds[ci].Err(); err != nil {
+				c.Admitted = it.count.Admitted
+				firstErr = firstOf(firstErr, err)
+			}
+		}
+		for _, e := range it.expireKeys {
+			if err := e.Err(); err != nil {
+				firstErr = firstOf(firstErr, err)
+			}
+		}
+		if c.Demand != 0 || c.Admitted != 0 {
+			failed = append(failed, c)
+		}
+	}
+	if firstErr == nil {
+		firstErr = execErr
+	}
+	return failed, fmt.Errorf("%w: usage flush: %v", ErrStoreUnavailable, firstErr)
+}
+
+func firstOf(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// CollectUsage reads one epoch's usage totals from the region's Redis, as
+// the gateways' RedisUsageSink wrote them with the same shard count: every
+// shard hash qu:{epoch:S} for S in [0, shards), merged per (policy,
+// subject), sorted by policy then subject. Fields it cannot parse are
+// skipped and reported in the error (wrapping ErrBadUsage) along with the
+// totals it could read. It does not delete anything: keys expire on their
+// own. Safe for concurrent use.
+func CollectUsage(ctx context.Context, client redis.UniversalClient, epoch int64, shards int) ([]UsageCount, error) {
+	if shards <= 0 {
+		shards = DefaultUsageShards
+	}
+	pipe := client.Pipeline()
+	cmds := make([]*redis.MapStringStringCmd, shards)
+	for s := range shards {
+		cmds[s] = pipe.HGetAll(ctx, UsageKey(epoch, s))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("%w: collect usage of epoch %d: %v", ErrStoreUnavailable, epoch, err)
+	}
+	type k struct {
+		policy string
+		subj   Subject
+	}
+	merged := map[k]*UsageCount{}
+	var bad []string
+	for _, cmd := range cmds {
+		for field, val := range cmd.Val() {
+			kind, rest, ok1 := strings.Cut(field, ":")
+			policy, sk, ok2 := strings.Cut(rest, ":")
+			n, err := strconv.ParseInt(val, 10, 64)
+			subj, serr := ParseSubjectKey(sk)
+			if !ok1 || !ok2 || (kind != "d" && kind != "a") || err != nil || serr != nil {
+				bad = append(bad, field)
+				continue
+			}
+			u := merged[k{policy, subj}]
+			if u == nil {
+				u = &UsageCount{Epoch: epoch, PolicyID: policy, Subject: subj}
+				merged[k{policy, subj}] = u
+			}
+			if kind == "d" {
+				u.Demand += n
+			} else {
+				u.Admitted += n
+			}
+		}
+	}
+	out := make([]UsageCount, 0, len(merged))
+	for _, u := range merged {
+		out = append(out, *u)
+	}
+	sortUsage(out)
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return out, fmt.Errorf("%w: epoch %d: %d unparsable fields, first %q", ErrBadUsage, epoch, len(bad), bad[0])
+	}
+	return out, nil
+}
+
+// ErrBadUsage is wrapped by CollectUsage when a usage hash holds a field it
+// cannot parse.
+var ErrBadUsage = errors.New("limiter: bad usage field")
+
+// ParseSubjectKey is the inverse of Subject.Key.
+func ParseSubjectKey(key string) (Subject, error) {
+	prefix, val, ok := strings.Cut(key, ":")
+	if !ok {
+		return Subject{}, fmt.Errorf("limiter: subject key %q: no kind prefix", key)
+	}
+	var s Subject
+	switch prefix {
+	case "k":
+		s.Kind = SubjectAPIKey
+	case "a":
+		s.Kind = SubjectAccount
+	case "u":
+		s.Kind = SubjectUser
+	case "ip":
+		s.Kind = SubjectIP
+	default:
+		return Subject{}, fmt.Errorf("limiter: subject key %q: unknown kind prefix %q", key, prefix)
+	}
+	if !strings.Contains(val, "%") {
+		if needsEscape(val) {
+			return Subject{}, fmt.Errorf("limiter: subject key %q: unescaped byte", key)
+		}
+		s.Value = val
+		return s, nil
+	}
+	b := make([]byte, 0, len(val))
+	for i := 0; i < len(val); i++ {
+		c := val[i]
+		if c != '%' {
+			if !safeByte(c) {
+				return Subject{}, fmt.Errorf("limiter: subject key %q: unescaped byte at %d", key, i)
+			}
+			b = append(b, c)
+			continue
+		}
+		if i+2 >= len(val) {
+			return Subject{}, fmt.Errorf("limiter: subject key %q: truncated escape at %d", key, i)
+		}
+		hi, ok1 := unhexUpper(val[i+1])
+		lo, ok2 := unhexUpper(val[i+2])
+		if !ok1 || !ok2 {
+			return Subject{}, fmt.Errorf("limiter: subject key %q: bad escape at %d", key, i)
+		}
+		b = append(b, hi<<4|lo)
+		i += 2
+	}
+	s.Value = string(b)
+	if s.Key() != key {
+		return Subject{}, fmt.Errorf("limiter: subject key %q: not in canonical form", key)
+	}
+	return s, nil
+}
+
+func unhexUpper(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+// UsageFlusherConfig configures a UsageFlusher.
+type UsageFlusherConfig struct {
+	// Interval between flushes. Default 1 s.
+	Interval time.Duration
+	// Timeout bounds one flush. Default 500 ms.
+	Timeout time.Duration
+	// MaxLagEpochs: counts of epochs more than this many epochs before the
+	// current one are dropped (and logged and counted) instead of retried,
+	// because no coordinator will collect them any more. Default 2.
+	MaxLagEpochs int64
+	// Logger receives flush failures and drops. Default: discard.
+	Logger *slog.Logger
+}
+
+// UsageFlusher is the driver that moves the limiter's usage counts to a
+// UsageSink every Interval. Counts a flush could not write stay in memory
+// and are retried on the next tick, within the limiter's UsageMaxKeys
+// bound and MaxLagEpochs; what is dropped is logged and counted
+// (quotient_limiter_usage_dropped_total), never lost silently. Start and
+// Stop may be called once each; Flush may be called at any time and is safe
+// for concurrent use.
+type UsageFlusher struct {
+	l    *Limiter
+	sink UsageSink
+	cfg  UsageFlusherConfig
+
+	mu     sync.Mutex // serialises flushes
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewUsageFlusher returns a flusher of l's usage to sink.
+func NewUsageFlusher(l *Limiter, sink UsageSink, cfg UsageFlusherConfig) *UsageFlusher {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 500 * time.Millisecond
+	}
+	if cfg.MaxLagEpochs <= 0 {
+		cfg.MaxLagEpochs = 2
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = discardLogger()
+	}
+	return &UsageFlusher{l: l, sink: sink, cfg: cfg}
+}
+
+// Flush writes every pending count at now (the limiter's clock time in
+// production). Counts that fail are put back for the next flush; the error
+// says why.
+func (f *UsageFlusher) Flush(ctx context.Context, now time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	counts := f.l.usage.take()
+	if len(counts) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	defer cancel()
+	failed, err := f.sink.WriteUsage(ctx, counts)
+	if err == nil && len(failed) == 0 {
+		return nil
+	}
+	f.l.metrics.usageFlushError()
+	minEpoch := f.l.usage.epochOf(now) - f.cfg.MaxLagEpochs
+	if dropped := f.l.usage.putBack(failed, minEpoch); dropped > 0 {
+		f.l.metrics.usageDropped(dropped)
+		f.cfg.Logger.Warn("limiter: usage counts dropped", "count", dropped, "reason", "too old or over UsageMaxKeys")
+	}
+	if err == nil {
+		err = fmt.Errorf("%w: usage flush: %d counts not written", ErrStoreUnavailable, len(failed))
+	}
+	f.cfg.Logger.Warn("limiter: usage flush failed; retrying next tick", "pending", len(failed), "err", err)
+	return err
+}
+
+// Start runs the flush loop in a goroutine until Stop.
+func (f *UsageFlusher) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	f.done = make(chan struct{})
+	go func() {
+		defer close(f.done)
+		f.Run(ctx)
+	}()
+}
+
+// Stop ends the loop started by Start, then flushes once more (bounded by
+// Timeout) so that the last second's counts are not lost on shutdown.
+func (f *UsageFlusher) Stop() {
+	if f.cancel == nil {
+		return
+	}
+	f.cancel()
+	<-f.done
+	_ = f.Flush(context.Background(), f.l.clock.Now())
+}
+
+// Run flushes every Interval until ctx is done. It blocks.
+func (f *UsageFlusher) Run(ctx context.Context) {
+	t := time.NewTicker(f.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = f.Flush(ctx, f.l.clock.Now())
+		}
+	}
+}
