@@ -56,7 +56,7 @@
 //     takes at most its part floor(slack * want_self / Σ wants), where the
 //     wants are the ones the regions published in their reports for the
 //     epoch, and never beyond t.
-//   - Fallback: the next share is min(c, Default()).
+//   - Fallback: the next share is min(c, t, Default()).
 //   - No mixed shares: a share is never above the default in one dimension
 //     and below it in the other (the dimension above is clamped to the
 //     default). The rebalancer gives records above the default a short

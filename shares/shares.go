@@ -331,12 +331,13 @@ func (c Config) Next(lim Limit, self int, in []RegionInput, mode Mode) (Share, e
 	def := lim.defaultDims()
 	var next dims
 	switch mode {
-	case Fallback:
-		next = dims{min(claim[0], def[0]), min(claim[1], def[1])}
-	case Hold, Grow:
+	case Hold, Grow, Fallback:
 		t := c.damped(lim, self, in)
 		for d := 0; d < 2; d++ {
 			next[d] = min(claim[d], t[d])
+			if mode == Fallback {
+				next[d] = min(next[d], def[d])
+			}
 		}
 		if mode == Grow {
 			limit := lim.dims()

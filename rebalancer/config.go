@@ -1,0 +1,122 @@
+package rebalancer
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/quotientlabs/quotient/shares"
+)
+
+// Config configures a Core. Start from DefaultConfig, set Region and
+// Regions, and override what you need. Validate fills zero fields with
+// their defaults.
+type Config struct {
+	// Region is this region's name. Required; must be in Regions.
+	Region string
+	// Regions are the names of every region sharing global limits, this one
+	// included, 1..shares.MaxRegions, no duplicates. The Core orders them by
+	// name; every region must be given the same set.
+	Regions []string
+	// Epoch is the rebalance interval, a whole number of milliseconds.
+	// Epochs are aligned to multiples of it since the Unix epoch, so regions
+	// agree on epoch numbers. Default 10 s.
+	Epoch time.Duration
+	// MaxWait is how long after an epoch ends the Core waits for laggards'
+	// reports before deciding with an incomplete view (see Core.Due).
+	// 0 < MaxWait <= Epoch/2. Default 2 s (but at most Epoch/2).
+	MaxWait time.Duration
+	// SilenceEpochs is K, in epochs: a region falls back to the safe share
+	// after K epochs without hearing from some region (or without that
+	// region hearing it), and the others assume it at exactly the safe
+	// share after K+1 epochs without a report from it. >= 2; default 3.
+	SilenceEpochs int64
+	// SmoothingPermille is the weight of the newest epoch in the smoothed
+	// demand (an exponentially weighted moving average), in permille,
+	// 1..1000. Default 500.
+	SmoothingPermille int64
+	// IdleTTLEpochs is the lifetime, in epochs, of a share record at or
+	// below the default share; the Core refreshes such records every
+	// IdleTTLEpochs/2 epochs. >= 2*(SilenceEpochs+2); default 360 (1 hour of
+	// 10 s epochs). Records above the default live SilenceEpochs+1 epochs
+	// from the start of the epoch they are decided in (see package doc).
+	IdleTTLEpochs int64
+	// WarmupEpochs is how many epochs a new Core stays silent (publishes no
+	// report) and in fallback, so that share records a previous coordinator
+	// of this region wrote above the default expire before this one claims
+	// anything. >= SilenceEpochs+1; default SilenceEpochs+1.
+	WarmupEpochs int64
+	// Shares tunes the share computation; see package shares.
+	Shares shares.Config
+}
+
+// DefaultConfig returns the defaults; Region and Regions are empty.
+func DefaultConfig() Config {
+	return Config{
+		Epoch:             10 * time.Second,
+		MaxWait:           2 * time.Second,
+		SilenceEpochs:     3,
+		SmoothingPermille: 500,
+		IdleTTLEpochs:     360,
+		WarmupEpochs:      4,
+		Shares:            shares.DefaultConfig(),
+	}
+}
+
+// Validate fills zero fields with their defaults and reports the first
+// field out of range; the error wraps ErrConfig and names the field.
+func (c *Config) Validate() error {
+	def := DefaultConfig()
+	if c.Epoch == 0 {
+		c.Epoch = def.Epoch
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = min(def.MaxWait, c.Epoch/2)
+	}
+	if c.SilenceEpochs == 0 {
+		c.SilenceEpochs = def.SilenceEpochs
+	}
+	if c.SmoothingPermille == 0 {
+		c.SmoothingPermille = def.SmoothingPermille
+	}
+	if c.IdleTTLEpochs == 0 {
+		c.IdleTTLEpochs = max(def.IdleTTLEpochs, 2*(c.SilenceEpochs+2))
+	}
+	if c.WarmupEpochs == 0 {
+		c.WarmupEpochs = c.SilenceEpochs + 1
+	}
+	switch {
+	case c.Region == "":
+		return fmt.Errorf("%w: Region is empty", ErrConfig)
+	case len(c.Regions) < 1 || len(c.Regions) > shares.MaxRegions:
+		return fmt.Errorf("%w: Regions has %d names, want 1..%d", ErrConfig, len(c.Regions), shares.MaxRegions)
+	case !slices.Contains(c.Regions, c.Region):
+		return fmt.Errorf("%w: Regions %v does not contain Region %q", ErrConfig, c.Regions, c.Region)
+	case c.Epoch < time.Millisecond || c.Epoch%time.Millisecond != 0:
+		return fmt.Errorf("%w: Epoch %v is not a positive whole number of milliseconds", ErrConfig, c.Epoch)
+	case c.MaxWait < 0 || c.MaxWait > c.Epoch/2:
+		return fmt.Errorf("%w: MaxWait %v not in (0, Epoch/2 = %v]", ErrConfig, c.MaxWait, c.Epoch/2)
+	case c.SilenceEpochs < 2:
+		return fmt.Errorf("%w: SilenceEpochs %d < 2", ErrConfig, c.SilenceEpochs)
+	case c.SmoothingPermille < 1 || c.SmoothingPermille > 1000:
+		return fmt.Errorf("%w: SmoothingPermille %d not in 1..1000", ErrConfig, c.SmoothingPermille)
+	case c.IdleTTLEpochs < 2*(c.SilenceEpochs+2):
+		return fmt.Errorf("%w: IdleTTLEpochs %d < 2*(SilenceEpochs+2) = %d", ErrConfig, c.IdleTTLEpochs, 2*(c.SilenceEpochs+2))
+	case c.WarmupEpochs < c.SilenceEpochs+1:
+		return fmt.Errorf("%w: WarmupEpochs %d < SilenceEpochs+1 = %d", ErrConfig, c.WarmupEpochs, c.SilenceEpochs+1)
+	}
+	seen := make(map[string]bool, len(c.Regions))
+	for _, r := range c.Regions {
+		if r == "" {
+			return fmt.Errorf("%w: Regions contains an empty name", ErrConfig)
+		}
+		if seen[r] {
+			return fmt.Errorf("%w: Regions contains %q twice", ErrConfig, r)
+		}
+		seen[r] = true
+	}
+	if err := c.Shares.Validate(); err != nil {
+		return fmt.Errorf("%w: Shares: %w", ErrConfig, err)
+	}
+	return nil
+}

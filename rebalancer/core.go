@@ -1,0 +1,584 @@
+package rebalancer
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/quotientlabs/quotient/shares"
+)
+
+// Core is the pure per-epoch step of one region's coordinator: it turns the
+// usage the gateways flushed into the report to publish, collects the
+// other regions' reports, and decides this region's next shares. It does no
+// I/O, starts no goroutine and reads no clock: every method that needs the
+// time takes it as now. Drivers (the coordinator, the simulator) call it.
+//
+// The cycle, once per epoch (see the package doc): Collect at the start of
+// epoch m+1 (write Published.Late's updates, then publish the report);
+// Receive every report that arrives; Decide when Due (write the updates).
+//
+// A Core is not safe for concurrent use; a driver serialises its calls.
+// The zero value is not usable; use New.
+type Core struct {
+	cfg      Config
+	policies Policies
+	regions  []string // sorted
+	index    map[string]int
+	self     int
+	epochMs  int64
+
+	started    bool
+	firstEpoch int64 // first epoch collected
+	published  int64 // last epoch collected
+	pending    bool  // the decision for epoch published is not made yet
+	ownReport  bool  // a report was published for epoch published
+	decided    int64 // last epoch decided (valid when started)
+	fallback   bool  // the last decision was in fallback
+
+	keys   map[Key]*keyState
+	remote []remote // by region index; remote[self] unused
+	stats  Stats
+	in     []shares.RegionInput // scratch, one per region
+}
+
+// keyState is this region's state for one key.
+type keyState struct {
+	demand, admitted int64        // this epoch's usage so far
+	smoothed         int64        // smoothed demand, milli cost units per second
+	share            shares.Share // enforced now (the claim); valid when known
+	known            bool         // share has been set (else it is the default)
+	want             shares.Share // want published in the pending report
+	synced           bool         // this Core wrote (or knows) the record
+	record           bool         // a record (not the default) is written
+	writtenAt        int64        // epoch of the decision that last wrote it
+	short            bool         // the record is above the default (short lifetime)
+}
+
+// remote is what this region holds from another region.
+type remote struct {
+	reports   map[int64]*stored // by epoch
+	heard     bool              // any report received
+	last      int64             // highest epoch received
+	heardSelf int64             // heard[self] in report last; -1 when absent
+}
+
+// stored is one received report, indexed by key.
+type stored struct {
+	seq   int64
+	keys  []KeyReport
+	index map[Key]int32
+}
+
+// Stats are cumulative counters of a Core, for metrics.
+type Stats struct {
+	Reports        int64 // reports accepted
+	Duplicates     int64 // duplicate reports ignored
+	Conflicts      int64 // conflicting reports ignored
+	Stale          int64 // stale reports ignored
+	UnknownPolicy  int64 // key-epochs skipped: policy unknown
+	InvalidPolicy  int64 // key-epochs skipped: limit invalid or regions count != len(Regions)
+	InvalidShare   int64 // key-epochs whose share computation failed (share kept)
+	Decisions      int64 // decisions made
+	LateDecisions  int64 // decisions forced by Collect (no growth)
+	GrowDecisions  int64 // decisions in mode Grow
+	FallbackEpochs int64 // decisions in mode Fallback
+	Updates        int64 // updates returned
+}
+
+// Published is what Collect returns.
+type Published struct {
+	// Epoch is the epoch collected (the one that just ended).
+	Epoch int64
+	// Report is the report to publish; nil during warm-up (publish
+	// nothing). The Core keeps no reference to it.
+	Report *Report
+	// Late, when not nil, is the decision for the previous epoch, which
+	// had not been made and is made now without growth. Write its updates
+	// before publishing Report.
+	Late *Decision
+}
+
+// Decision is the result of deciding one epoch.
+type Decision struct {
+	Epoch    int64       // the epoch decided
+	Mode     shares.Mode // Grow, Hold or Fallback
+	Complete bool        // a report of the epoch from every region not silent
+	Silent   []string    // regions assumed at the safe share
+	Keys     int         // keys computed
+	// Updates are the share records to write: keys whose share changed,
+	// records due for a refresh, and keys this Core writes for the first
+	// time. The caller owns the slice.
+	Updates []Update
+}
+
+// New returns a Core for cfg (validated, defaults filled) and the policy
+// lookup.
+func New(cfg Config, policies Policies) (*Core, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if policies == nil {
+		return nil, fmt.Errorf("%w: policies is nil", ErrConfig)
+	}
+	regions := slices.Clone(cfg.Regions)
+	slices.Sort(regions)
+	cfg.Regions = regions
+	c := &Core{
+		cfg:      cfg,
+		policies: policies,
+		regions:  regions,
+		index:    make(map[string]int, len(regions)),
+		epochMs:  cfg.Epoch.Milliseconds(),
+		keys:     make(map[Key]*keyState),
+		remote:   make([]remote, len(regions)),
+		in:       make([]shares.RegionInput, len(regions)),
+		fallback: true,
+	}
+	for i, r := range regions {
+		c.index[r] = i
+		c.remote[i] = remote{reports: make(map[int64]*stored), heardSelf: -1}
+	}
+	c.self = c.index[cfg.Region]
+	return c, nil
+}
+
+// Config returns the validated configuration.
+func (c *Core) Config() Config { return c.cfg }
+
+// Stats returns the cumulative counters.
+func (c *Core) Stats() Stats { return c.stats }
+
+// Keys returns how many keys the Core holds state for.
+func (c *Core) Keys() int { return len(c.keys) }
+
+// Share returns the share this region enforces now for key and whether the
+// Core has a share for it (false: the default applies).
+func (c *Core) Share(k Key) (shares.Share, bool) {
+	st, ok := c.keys[k]
+	if !ok || !st.known {
+		return shares.Share{}, false
+	}
+	return st.share, true
+}
+
+// Pending returns the epoch waiting for a decision, if any.
+func (c *Core) Pending() (int64, bool) { return c.published, c.pending }
+
+// Deadline returns when the bounded wait for the pending epoch's laggards
+// ends: MaxWait after the epoch's end. Zero when nothing is pending.
+func (c *Core) Deadline() time.Time {
+	if !c.pending {
+		return time.Time{}
+	}
+	return EpochStart(c.published+1, c.cfg.Epoch).Add(c.cfg.MaxWait)
+}
+
+// Due reports whether the pending epoch should be decided now: its view is
+// complete (a report from every region that is not silent) or the wait for
+// laggards is over.
+func (c *Core) Due(now time.Time) bool {
+	if !c.pending {
+		return false
+	}
+	if !now.Before(c.Deadline()) {
+		return true
+	}
+	complete, _ := c.view(c.published)
+	return complete
+}
+
+// Collect ends the epoch that now follows: it adds up usage (this region's
+// gateways' counts for that epoch), updates the smoothed demand and returns
+// the report to publish. If the previous epoch was not decided yet, it is
+// decided first, without growth (Published.Late). usage is not retained.
+//
+// Errors: ErrEpochNotOver when the epoch before now was already collected;
+// ErrUsage naming the entry and field when an entry is invalid. On error
+// nothing changes.
+func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
+	m := EpochOf(now, c.cfg.Epoch) - 1
+	if c.started && m <= c.published {
+		return Published{}, fmt.Errorf("%w: epoch %d was collected; now %v is in epoch %d", ErrEpochNotOver, c.published, now, m+1)
+	}
+	for i, u := range usage {
+		switch {
+		case u.PolicyID == "":
+			return Published{}, fmt.Errorf("%w: entry %d: PolicyID is empty", ErrUsage, i)
+		case u.Demand < 0:
+			return Published{}, fmt.Errorf("%w: entry %d (%s/%s): Demand %d is negative", ErrUsage, i, u.PolicyID, u.Subject, u.Demand)
+		case u.Admitted < 0 || u.Admitted > u.Demand:
+			return Published{}, fmt.Errorf("%w: entry %d (%s/%s): Admitted %d not in 0..Demand %d", ErrUsage, i, u.PolicyID, u.Subject, u.Admitted, u.Demand)
+		}
+	}
+	var out Published
+	out.Epoch = m
+	if c.pending {
+		d := c.decide(now, true)
+		out.Late = &d
+	}
+	if !c.started {
+		c.started, c.firstEpoch, c.decided = true, m, m-1
+	}
+	for _, u := range usage {
+		st := c.keys[u.Key]
+		if st == nil {
+			if _, ok := c.limit(u.PolicyID); !ok {
+				continue
+			}
+			st = c.newKey(m)
+			c.keys[u.Key] = st
+		}
+		st.demand = satAdd(st.demand, u.Demand)
+		st.admitted = satAdd(st.admitted, u.Admitted)
+	}
+	warm := m < c.firstEpoch+c.cfg.WarmupEpochs
+	var rep *Report
+	if !warm {
+		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m}
+		for i, r := range c.regions {
+			if i == c.self {
+				rep.Heard = append(rep.Heard, Heard{Region: r, Epoch: m})
+			} else if c.remote[i].heard {
+				rep.Heard = append(rep.Heard, Heard{Region: r, Epoch: c.remote[i].last})
+			}
+		}
+	}
+	alpha := c.cfg.SmoothingPermille
+	for k, st := range c.keys {
+		rate := min(shares.MulDiv(st.demand, 1_000_000, c.epochMs), 1<<60)
+		st.smoothed = shares.MulDiv(st.smoothed, 1000-alpha, 1000) + shares.MulDiv(rate, alpha, 1000)
+		st.want = shares.Share{}
+		lim, ok := c.limit(k.PolicyID)
+		if !ok {
+			st.demand, st.admitted = 0, 0
+			continue
+		}
+		if !st.known {
+			st.share, st.known = lim.Default(), true
+		}
+		if !warm && !c.fallback {
+			if w, err := c.cfg.Shares.Want(lim, c.self, c.inputs(k, st, lim, m, true)); err == nil {
+				st.want = w
+			}
+		}
+		if rep != nil && (st.demand > 0 || st.smoothed > 0 || st.share != lim.Default() || st.want != (shares.Share{})) {
+			rep.Keys = append(rep.Keys, KeyReport{
+				Key: k, Demand: st.demand, Admitted: st.admitted, SmoothedDemandMilli: st.smoothed,
+				Share: st.share, Want: st.want,
+			})
+		}
+		st.demand, st.admitted = 0, 0
+	}
+	if rep != nil {
+		slices.SortFunc(rep.Keys, func(a, b KeyReport) int {
+			return cmp.Or(cmp.Compare(a.PolicyID, b.PolicyID), cmp.Compare(a.Subject, b.Subject))
+		})
+	}
+	c.published, c.pending, c.ownReport = m, true, rep != nil
+	out.Report = rep
+	return out, nil
+}
+
+// Receive stores a report from the bus. Duplicates, conflicting resends and
+// stale reports change nothing (see Receipt). The Core keeps r.Keys: the
+// caller must not modify them afterwards.
+//
+// Errors wrap ErrReport and say what is malformed (unknown region, negative
+// values, a key twice); the report is then ignored.
+func (c *Core) Receive(r *Report) (Receipt, error) {
+	if r == nil {
+		return 0, fmt.Errorf("%w: nil report", ErrReport)
+	}
+	qi, ok := c.index[r.Region]
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("%w: Region %q is not one of %v", ErrReport, r.Region, c.regions)
+	case r.Epoch < 0:
+		return 0, fmt.Errorf("%w: region %s: Epoch %d is negative", ErrReport, r.Region, r.Epoch)
+	case r.Seq < 1:
+		return 0, fmt.Errorf("%w: region %s epoch %d: Seq %d < 1", ErrReport, r.Region, r.Epoch, r.Seq)
+	}
+	if qi == c.self {
+		return Own, nil
+	}
+	q := &c.remote[qi]
+	// A stored (region, epoch) was valid: answer duplicates cheaply.
+	if s, ok := q.reports[r.Epoch]; ok {
+		if s.seq == r.Seq {
+			c.stats.Duplicates++
+			return Duplicate, nil
+		}
+		c.stats.Conflicts++
+		return Conflict, nil
+	}
+	index := make(map[Key]int32, len(r.Keys))
+	for i := range r.Keys {
+		k := &r.Keys[i]
+		switch {
+		case k.PolicyID == "":
+			return 0, fmt.Errorf("%w: region %s epoch %d key %d: PolicyID is empty", ErrReport, r.Region, r.Epoch, i)
+		case k.Demand < 0 || k.Admitted < 0 || k.SmoothedDemandMilli < 0:
+			return 0, fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Demand, Admitted or SmoothedDemandMilli", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+		case k.Share.RateMilli < 0 || k.Share.BurstMilli < 0:
+			return 0, fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Share", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+		case k.Want.RateMilli < 0 || k.Want.BurstMilli < 0:
+			return 0, fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Want", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+		}
+		if _, dup := index[k.Key]; dup {
+			return 0, fmt.Errorf("%w: region %s epoch %d: key %s/%s twice", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+		}
+		index[k.Key] = int32(i)
+	}
+	if c.started && r.Epoch <= c.decided && q.heard && r.Epoch < q.last {
+		c.stats.Stale++
+		return Stale, nil
+	}
+	q.reports[r.Epoch] = &stored{seq: r.Seq, keys: r.Keys, index: index}
+	if !q.heard || r.Epoch > q.last {
+		q.heard, q.last, q.heardSelf = true, r.Epoch, -1
+		for _, h := range r.Heard {
+			if h.Region == c.cfg.Region {
+				q.heardSelf = h.Epoch
+			}
+		}
+	}
+	c.stats.Reports++
+	return Accepted, nil
+}
+
+// Decide decides the pending epoch: this region's next share for every
+// key it or any report of the epoch mentions. It grows only when the view
+// is complete, this region is not in fallback, its own report was
+// published, and now is still in the epoch right after the decided one.
+// Write the updates before the next Collect's report is published.
+//
+// Error: ErrNothingPending.
+func (c *Core) Decide(now time.Time) (Decision, error) {
+	if !c.pending {
+		return Decision{}, ErrNothingPending
+	}
+	return c.decide(now, false), nil
+}
+
+// view classifies the other regions for epoch m: complete is true when
+// each has a report for m or is silent (no report for epochs m-K..m).
+func (c *Core) view(m int64) (complete bool, silent []int) {
+	complete = true
+	k := c.cfg.SilenceEpochs
+	for i := range c.regions {
+		if i == c.self {
+			continue
+		}
+		q := &c.remote[i]
+		if _, ok := q.reports[m]; ok {
+			continue
+		}
+		if !q.heard || q.last <= m-k-1 {
+			silent = append(silent, i)
+			continue
+		}
+		complete = false
+	}
+	return complete, silent
+}
+
+// cutOff reports whether this region must fall back at decision m: for
+// some region, no report of epochs m-K+1..m or later, or its latest report
+// says it has not heard this region since epoch m-K.
+func (c *Core) cutOff(m int64) bool {
+	k := c.cfg.SilenceEpochs
+	for i := range c.regions {
+		if i == c.self {
+			continue
+		}
+		q := &c.remote[i]
+		if !q.heard || q.last <= m-k || q.heardSelf <= m-k {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Core) decide(now time.Time, late bool) Decision {
+	m := c.published
+	complete, silentIdx := c.view(m)
+	warm := m < c.firstEpoch+c.cfg.WarmupEpochs
+	c.fallback = warm || c.cutOff(m)
+	timely := EpochOf(now, c.cfg.Epoch) == m+1
+	d := Decision{Epoch: m, Complete: complete, Mode: shares.Hold}
+	switch {
+	case c.fallback:
+		d.Mode = shares.Fallback
+		c.stats.FallbackEpochs++
+	case complete && timely && c.ownReport && !late:
+		d.Mode = shares.Grow
+		c.stats.GrowDecisions++
+	}
+	for _, i := range silentIdx {
+		d.Silent = append(d.Silent, c.regions[i])
+	}
+	// Keys that other regions reported for this epoch (or last, for a
+	// region missing from the view) and this region has no state for.
+	for i := range c.regions {
+		if i == c.self {
+			continue
+		}
+		s := c.reportFor(i, m)
+		if s == nil {
+			continue
+		}
+		for j := range s.keys {
+			k := s.keys[j].Key
+			if _, ok := c.keys[k]; ok {
+				continue
+			}
+			if _, ok := c.limit(k.PolicyID); !ok {
+				continue
+			}
+			c.keys[k] = c.newKey(m)
+		}
+	}
+	k := c.cfg.SilenceEpochs
+	for key, st := range c.keys {
+		lim, ok := c.limit(key.PolicyID)
+		if !ok {
+			delete(c.keys, key)
+			continue
+		}
+		if !st.known {
+			st.share, st.known = lim.Default(), true
+		}
+		in := c.inputs(key, st, lim, m, false)
+		d.Keys++
+		next, err := c.cfg.Shares.Next(lim, c.self, in, d.Mode)
+		if err != nil {
+			c.stats.InvalidShare++
+			next = in[c.self].Claim // never above the current share
+		}
+		st.want = shares.Share{}
+		def := lim.Default()
+		refresh := st.record && (st.short && m >= st.writtenAt+k-1 || !st.short && m >= st.writtenAt+c.cfg.IdleTTLEpochs/2)
+		// During warm-up nothing is written: records of a previous
+		// coordinator may still be counted by the others at its last
+		// claims, and any write (even the default) could raise them.
+		if !warm && (next != st.share || !st.synced || refresh) {
+			u := Update{Key: key, Share: next}
+			switch {
+			case next == def:
+				u.Delete = true
+			case lim.AboveDefault(next):
+				u.ExpireAt = EpochStart(m+k+1, c.cfg.Epoch)
+			default:
+				u.ExpireAt = EpochStart(m+c.cfg.IdleTTLEpochs, c.cfg.Epoch)
+			}
+			d.Updates = append(d.Updates, u)
+			st.synced, st.record, st.writtenAt, st.short = true, !u.Delete, m, lim.AboveDefault(next)
+		}
+		st.share = next
+		if st.share == def && !st.record && st.smoothed == 0 && st.demand == 0 && st.synced {
+			delete(c.keys, key) // idle at the default: no state needed
+		}
+	}
+	slices.SortFunc(d.Updates, func(a, b Update) int {
+		return cmp.Or(cmp.Compare(a.PolicyID, b.PolicyID), cmp.Compare(a.Subject, b.Subject))
+	})
+	// Keep, per region, the reports of later epochs and the latest one.
+	for i := range c.remote {
+		q := &c.remote[i]
+		for e := range q.reports {
+			if e <= m && e != q.last {
+				delete(q.reports, e)
+			}
+		}
+	}
+	c.pending, c.decided = false, m
+	c.stats.Decisions++
+	if late {
+		c.stats.LateDecisions++
+	}
+	c.stats.Updates += int64(len(d.Updates))
+	return d
+}
+
+// reportFor returns region i's report for epoch m, or its latest report
+// when it has none for m and is not silent; nil otherwise.
+func (c *Core) reportFor(i int, m int64) *stored {
+	q := &c.remote[i]
+	if s, ok := q.reports[m]; ok {
+		return s
+	}
+	if !q.heard || q.last <= m-c.cfg.SilenceEpochs-1 {
+		return nil
+	}
+	return q.reports[q.last]
+}
+
+// inputs fills the scratch view of key for epoch m. latest uses every
+// region's latest report (for the want published at Collect).
+func (c *Core) inputs(key Key, st *keyState, lim shares.Limit, m int64, latest bool) []shares.RegionInput {
+	in := c.in
+	def := lim.Default()
+	for i := range c.regions {
+		if i == c.self {
+			in[i] = shares.RegionInput{DemandMilli: st.smoothed, Claim: clamp(st.share, lim), Want: clamp(st.want, lim)}
+			continue
+		}
+		q := &c.remote[i]
+		var s *stored
+		if latest {
+			if q.heard && q.last > m-c.cfg.SilenceEpochs-1 {
+				s = q.reports[q.last]
+			}
+		} else {
+			s = c.reportFor(i, m)
+		}
+		if s == nil {
+			in[i] = shares.RegionInput{Silent: true}
+			continue
+		}
+		if j, ok := s.index[key]; ok {
+			kr := &s.keys[j]
+			in[i] = shares.RegionInput{DemandMilli: kr.SmoothedDemandMilli, Claim: clamp(kr.Share, lim), Want: clamp(kr.Want, lim)}
+		} else {
+			in[i] = shares.RegionInput{Claim: def}
+		}
+	}
+	return in
+}
+
+// clamp bounds a share to the limit: a claim above the limit (the limit
+// was lowered) counts as the limit, which leaves no slack.
+func clamp(s shares.Share, lim shares.Limit) shares.Share {
+	return shares.Share{RateMilli: min(s.RateMilli, lim.RateMilli), BurstMilli: min(s.BurstMilli, lim.BurstMilli)}
+}
+
+// limit looks up a policy and checks it fits this deployment, counting
+// misses.
+func (c *Core) limit(policyID string) (shares.Limit, bool) {
+	lim, ok := c.policies.Limit(policyID)
+	if !ok {
+		c.stats.UnknownPolicy++
+		return shares.Limit{}, false
+	}
+	if lim.Validate() != nil || lim.Regions != len(c.regions) {
+		c.stats.InvalidPolicy++
+		return shares.Limit{}, false
+	}
+	return lim, true
+}
+
+// newKey returns the state of a key first seen at epoch m. A record a
+// previous coordinator wrote may exist until IdleTTLEpochs after this Core
+// started; until then the first decision writes the key even if unchanged.
+func (c *Core) newKey(m int64) *keyState {
+	return &keyState{synced: c.started && m >= c.firstEpoch+c.cfg.IdleTTLEpochs}
+}
+
+func satAdd(a, b int64) int64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return 1<<63 - 1
+}

@@ -1,0 +1,332 @@
+package rebalancer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/quotientlabs/quotient/shares"
+	"github.com/stretchr/testify/require"
+)
+
+// The harness runs several regions' Cores in virtual time over a bus that
+// can lose, duplicate, delay and reorder reports, cut links (partitions)
+// and crash coordinators. Each region has a fake store of share records
+// with expiry, like Redis: what a region ENFORCES for a key at time t is
+// its record if not expired, else the default share.
+
+type record struct {
+	share    shares.Share
+	expireAt time.Time
+}
+
+type hregion struct {
+	name      string
+	core      *Core
+	store     map[Key]record
+	up        bool
+	received  []*Report // every report delivered to the Core, for the reference
+	decisions []Decision
+	reports   []*Report // reports it published
+}
+
+type msg struct {
+	to  int
+	rep *Report
+	due int64 // epoch whose decision window delivers it
+}
+
+// net decides the fate of one report on one link.
+type net interface {
+	// route returns the delivery delays (in epochs) of the copies of a
+	// report from -> to of epoch e: none when lost, two when duplicated.
+	route(r *rand.Rand, from, to int, e int64) []int64
+}
+
+type cluster struct {
+	t        testing.TB
+	r        *rand.Rand
+	cfg      Config
+	policies PolicyMap
+	keys     []Key
+	regs     []*hregion
+	inflight []msg
+	net      net
+	// deliverFirst delivers every due report before any decision of the
+	// step (so decisions see complete views when nothing is lost).
+	deliverFirst bool
+	// checkRef compares each decision's mode with the naive reference.
+	checkRef bool
+	// skip is the probability that a region's driver misses a decision
+	// window, so its next Collect decides late (without growth).
+	skip float64
+}
+
+func newCluster(t testing.TB, r *rand.Rand, names []string, cfg Config, policies PolicyMap, keys []Key, n net) *cluster {
+	c := &cluster{t: t, r: r, cfg: cfg, policies: policies, keys: keys, net: n, checkRef: true}
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	for _, name := range sorted {
+		h := &hregion{name: name, store: make(map[Key]record), up: true}
+		h.core = c.newCore(name)
+		c.regs = append(c.regs, h)
+	}
+	return c
+}
+
+func (c *cluster) newCore(name string) *Core {
+	cfg := c.cfg
+	cfg.Region = name
+	cfg.Regions = nil
+	for _, h := range c.regs {
+		cfg.Regions = append(cfg.Regions, h.name)
+	}
+	if len(cfg.Regions) == 0 || !slices.Contains(cfg.Regions, name) {
+		cfg.Regions = append(cfg.Regions, name)
+	}
+	core, err := New(cfg, c.policies)
+	require.NoError(c.t, err)
+	return core
+}
+
+func (c *cluster) fixRegions() {
+	// newCore during construction saw a partial list; rebuild with all.
+	for _, h := range c.regs {
+		h.core = c.newCore(h.name)
+	}
+}
+
+func (c *cluster) index(name string) int {
+	for i, h := range c.regs {
+		if h.name == name {
+			return i
+		}
+	}
+	c.t.Fatalf("no region %s", name)
+	return -1
+}
+
+func (c *cluster) epochStart(e int64) time.Time { return EpochStart(e, c.cfg.Epoch) }
+
+// enforced is what region h enforces for key at t.
+func (c *cluster) enforced(h *hregion, k Key, t time.Time) shares.Share {
+	if rec, ok := h.store[k]; ok && t.Before(rec.expireAt) {
+		return rec.share
+	}
+	return c.policies[k.PolicyID].Default()
+}
+
+func (c *cluster) apply(h *hregion, now time.Time, ups []Update) {
+	for _, u := range ups {
+		if u.Delete {
+			delete(h.store, u.Key)
+			continue
+		}
+		require.True(c.t, u.ExpireAt.After(now), "update %+v expires before it is written at %v", u, now)
+		h.store[u.Key] = record{share: u.Share, expireAt: u.ExpireAt}
+	}
+	c.check(now)
+}
+
+// check asserts the safety invariant at t: for every key, the shares
+// enforced by all regions together are within L and B.
+func (c *cluster) check(t time.Time) {
+	for _, k := range c.keys {
+		lim := c.policies[k.PolicyID]
+		var sum shares.Share
+		for _, h := range c.regs {
+			s := c.enforced(h, k, t)
+			sum.RateMilli += s.RateMilli
+			sum.BurstMilli += s.BurstMilli
+		}
+		if sum.RateMilli > lim.RateMilli || sum.BurstMilli > lim.BurstMilli {
+			var parts []string
+			for _, h := range c.regs {
+				parts = append(parts, fmt.Sprintf("%s=%+v", h.name, c.enforced(h, k, t)))
+			}
+			c.t.Fatalf("at %v (epoch %d) key %v: enforced sum %+v exceeds limit %+v: %v",
+				t, EpochOf(t, c.cfg.Epoch), k, sum, lim, parts)
+		}
+	}
+}
+
+// step runs epoch e: at its end every live region collects demand(i, key)
+// and publishes; then reports are delivered and regions decide.
+func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
+	end := c.epochStart(e + 1)
+	for _, i := range c.r.Perm(len(c.regs)) {
+		h := c.regs[i]
+		if !h.up {
+			continue
+		}
+		var usage []Usage
+		for _, k := range c.keys {
+			if d := demand(i, k); d > 0 {
+				usage = append(usage, Usage{Key: k, Demand: d, Admitted: d / 2})
+			}
+		}
+		pub, err := h.core.Collect(end, usage)
+		require.NoError(c.t, err)
+		require.Equal(c.t, e, pub.Epoch)
+		if pub.Late != nil {
+			h.decisions = append(h.decisions, *pub.Late)
+			c.apply(h, end, pub.Late.Updates)
+		}
+		if pub.Report == nil {
+			continue
+		}
+		h.reports = append(h.reports, pub.Report)
+		for j := range c.regs {
+			if j == i {
+				continue
+			}
+			for _, delay := range c.net.route(c.r, i, j, e) {
+				c.inflight = append(c.inflight, msg{to: j, rep: pub.Report, due: e + delay})
+			}
+		}
+	}
+	c.check(end)
+
+	mid := end.Add(c.cfg.MaxWait / 2)
+	deadline := end.Add(c.cfg.MaxWait)
+	type event struct {
+		deliver *msg
+		decide  int
+	}
+	var events []event
+	var keep []msg
+	for idx := range c.inflight {
+		m := c.inflight[idx]
+		if m.due <= e {
+			events = append(events, event{deliver: &m})
+		} else {
+			keep = append(keep, m)
+		}
+	}
+	c.inflight = keep
+	c.r.Shuffle(len(events), func(a, b int) { events[a], events[b] = events[b], events[a] })
+	var decides []event
+	for i := range c.regs {
+		decides = append(decides, event{decide: i})
+	}
+	if c.deliverFirst {
+		events = append(events, decides...)
+	} else {
+		for _, d := range decides {
+			at := c.r.IntN(len(events) + 1)
+			events = slices.Insert(events, at, d)
+		}
+	}
+	var deferred []int
+	for _, ev := range events {
+		if ev.deliver != nil {
+			h := c.regs[ev.deliver.to]
+			if !h.up {
+				continue
+			}
+			rc, err := h.core.Receive(ev.deliver.rep)
+			require.NoError(c.t, err)
+			if rc == Accepted || rc == Duplicate || rc == Stale {
+				h.received = append(h.received, ev.deliver.rep)
+			}
+			continue
+		}
+		h := c.regs[ev.decide]
+		if !h.up || c.r.Float64() < c.skip {
+			continue
+		}
+		if h.core.Due(mid) {
+			c.decide(h, mid)
+		} else {
+			deferred = append(deferred, ev.decide)
+		}
+	}
+	for _, i := range deferred {
+		h := c.regs[i]
+		require.True(c.t, h.core.Due(deadline))
+		c.decide(h, deadline)
+	}
+}
+
+func (c *cluster) decide(h *hregion, now time.Time) {
+	m, _ := h.core.Pending()
+	d, err := h.core.Decide(now)
+	require.NoError(c.t, err)
+	h.decisions = append(h.decisions, d)
+	if c.checkRef {
+		want := refMode(h, c, m)
+		require.Equal(c.t, want.String(), d.Mode.String(), "region %s epoch %d: mode", h.name, m)
+	}
+	c.apply(h, now, d.Updates)
+}
+
+// refMode is a naive reference for the mode of region h's decision of
+// epoch m, recomputed from every report ever delivered to it.
+func refMode(h *hregion, c *cluster, m int64) shares.Mode {
+	cfg := h.core.Config()
+	k := cfg.SilenceEpochs
+	if m < h.core.firstEpoch+cfg.WarmupEpochs {
+		return shares.Fallback
+	}
+	complete, cut := true, false
+	for _, q := range c.regs {
+		if q.name == h.name {
+			continue
+		}
+		has, last, heardSelf := false, int64(-1<<62), int64(-1)
+		for _, r := range h.received {
+			if r.Region != q.name {
+				continue
+			}
+			if r.Epoch == m {
+				has = true
+			}
+			if r.Epoch > last {
+				last = r.Epoch
+				heardSelf = -1
+				for _, hd := range r.Heard {
+					if hd.Region == h.name {
+						heardSelf = hd.Epoch
+					}
+				}
+			}
+		}
+		if !has && last > m-k-1 {
+			complete = false
+		}
+		if last <= m-k || heardSelf <= m-k {
+			cut = true
+		}
+	}
+	switch {
+	case cut:
+		return shares.Fallback
+	case complete:
+		return shares.Grow
+	}
+	return shares.Hold
+}
+
+// share returns what region name enforces for k at the start of epoch e.
+func (c *cluster) share(name string, k Key, e int64) shares.Share {
+	return c.enforced(c.regs[c.index(name)], k, c.epochStart(e))
+}
+
+// perfect delivers every report at once.
+type perfect struct{}
+
+func (perfect) route(*rand.Rand, int, int, int64) []int64 { return []int64{0} }
+
+// cut drops reports on links for which drop is true, else delivers at once.
+type cut struct {
+	drop func(from, to int, e int64) bool
+}
+
+func (c cut) route(_ *rand.Rand, from, to int, e int64) []int64 {
+	if c.drop(from, to, e) {
+		return nil
+	}
+	return []int64{0}
+}

@@ -1,0 +1,267 @@
+package rebalancer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/quotientlabs/quotient/shares"
+	"github.com/stretchr/testify/require"
+)
+
+// chaos is a random bus: per link loss, duplication and delay, plus
+// partitions (one-way or both ways) over epoch ranges.
+type chaos struct {
+	loss, dup  float64
+	maxDelay   int64
+	delayP     float64
+	partitions []partition
+}
+
+type partition struct {
+	from, to int64 // epochs [from, to)
+	region   int
+	in, out  bool // cut reports to / from the region
+}
+
+func (c *chaos) route(r *rand.Rand, from, to int, e int64) []int64 {
+	for _, p := range c.partitions {
+		if e >= p.from && e < p.to && (p.out && from == p.region || p.in && to == p.region) {
+			return nil
+		}
+	}
+	if r.Float64() < c.loss {
+		return nil
+	}
+	delay := func() int64 {
+		if c.maxDelay > 0 && r.Float64() < c.delayP {
+			return 1 + r.Int64N(c.maxDelay)
+		}
+		return 0
+	}
+	out := []int64{delay()}
+	if r.Float64() < c.dup {
+		out = append(out, delay())
+	}
+	return out
+}
+
+type crash struct {
+	region   int
+	from, to int64 // down for epochs [from, to); restarted with a fresh Core at to
+}
+
+type scenario struct {
+	names   []string
+	cfg     Config
+	pol     PolicyMap
+	keys    []Key
+	bus     *chaos
+	crashes []crash
+	epochs  int64
+	skip    float64     // probability that a driver misses a decision window
+	demand  [][][]int64 // [epoch][region][key] cost units
+}
+
+func randScenario(r *rand.Rand) scenario {
+	n := 2 + r.IntN(4)
+	var s scenario
+	for i := 0; i < n; i++ {
+		s.names = append(s.names, fmt.Sprintf("r%d", i))
+	}
+	s.cfg = DefaultConfig()
+	s.cfg.Epoch = time.Second
+	s.cfg.MaxWait = 200 * time.Millisecond
+	s.cfg.SilenceEpochs = 2 + r.Int64N(3)
+	s.cfg.WarmupEpochs = s.cfg.SilenceEpochs + 1 + r.Int64N(2)
+	s.cfg.IdleTTLEpochs = 2*(s.cfg.SilenceEpochs+2) + r.Int64N(10)
+	s.cfg.SmoothingPermille = 1 + r.Int64N(1000)
+	s.cfg.Shares = shares.Config{
+		FloorPermille:   r.Int64N(1001),
+		ReservePermille: r.Int64N(2) * r.Int64N(300),
+		SpreadPermille:  r.Int64N(1001),
+		DampingPermille: 1 + r.Int64N(1000),
+	}
+	s.pol = PolicyMap{}
+	for p := 0; p < 1+r.IntN(3); p++ {
+		rate := 1 + r.Int64N(10_000_000)
+		id := fmt.Sprintf("p%d", p)
+		s.pol[id] = shares.Limit{RateMilli: rate, BurstMilli: r.Int64N(rate*2 + 1), Regions: n}
+		s.keys = append(s.keys, Key{PolicyID: id, Subject: "s"})
+	}
+	s.bus = &chaos{loss: r.Float64() * 0.3, dup: r.Float64() * 0.3, maxDelay: r.Int64N(4), delayP: r.Float64() * 0.4}
+	s.epochs = 30 + r.Int64N(30)
+	if r.IntN(3) == 0 {
+		s.skip = r.Float64() * 0.2
+	}
+	for range r.IntN(3) {
+		from := r.Int64N(s.epochs)
+		in, out := true, true
+		switch r.IntN(3) {
+		case 0:
+			in = false
+		case 1:
+			out = false
+		}
+		s.bus.partitions = append(s.bus.partitions, partition{from: from, to: from + 1 + r.Int64N(15), region: r.IntN(n), in: in, out: out})
+	}
+	if r.IntN(3) == 0 {
+		from := r.Int64N(s.epochs)
+		s.crashes = append(s.crashes, crash{region: r.IntN(n), from: from, to: from + 1 + r.Int64N(10)})
+	}
+	hot := r.IntN(n)
+	for e := int64(0); e < s.epochs; e++ {
+		if r.IntN(8) == 0 {
+			hot = r.IntN(n)
+		}
+		byRegion := make([][]int64, n)
+		for i := range byRegion {
+			byRegion[i] = make([]int64, len(s.keys))
+			for k, key := range s.keys {
+				rate := s.pol[key.PolicyID].RateMilli // milli per second = units per epoch of 1 s
+				switch {
+				case i == hot:
+					byRegion[i][k] = r.Int64N(rate/500 + 2)
+				case r.IntN(3) == 0:
+					byRegion[i][k] = r.Int64N(rate/3000 + 2)
+				}
+			}
+		}
+		s.demand = append(s.demand, byRegion)
+	}
+	return s
+}
+
+// run plays a scenario; the cluster checks the safety invariant after every
+// store change and each decision's mode against the reference.
+func (s scenario) run(t testing.TB, r *rand.Rand) *cluster {
+	c := newCluster(t, r, s.names, s.cfg, s.pol, s.keys, s.bus)
+	c.fixRegions()
+	c.skip = s.skip
+	base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s.cfg.Epoch)
+	for e := int64(0); e < s.epochs; e++ {
+		for _, cr := range s.crashes {
+			h := c.regs[cr.region]
+			if e == cr.from {
+				h.up = false
+			}
+			if e == cr.to {
+				h.up = true
+				h.core = c.newCore(h.name)
+				h.received = nil
+			}
+		}
+		ep := base + e
+		c.step(ep, func(i int, k Key) int64 { return s.demand[e][i][slices.Index(s.keys, k)] })
+		// Between steps the records keep expiring: check at every epoch
+		// start of the next few epochs too.
+		c.check(c.epochStart(ep + 2))
+	}
+	return c
+}
+
+// TestSafetyUnderChaos: thousands of random scenarios (regions, limits,
+// tuning, demand, loss, duplication, delay, reordering, partitions, crashes
+// and restarts): the shares enforced by all regions never sum above L or B,
+// and every decision's mode matches the naive reference.
+func TestSafetyUnderChaos(t *testing.T) {
+	cases := 2000
+	if testing.Short() {
+		cases = 200
+	}
+	r := rand.New(rand.NewPCG(11, 12))
+	modes := map[shares.Mode]int{}
+	var silent, above, total, late int
+	for i := 0; i < cases; i++ {
+		seed := r.Uint64()
+		s := randScenario(rand.New(rand.NewPCG(seed, 1)))
+		ok := t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
+			c := s.run(t, rand.New(rand.NewPCG(seed, 2)))
+			for _, h := range c.regs {
+				late += int(h.core.Stats().LateDecisions)
+				for _, d := range h.decisions {
+					total++
+					modes[d.Mode]++
+					if len(d.Silent) > 0 {
+						silent++
+					}
+					for _, u := range d.Updates {
+						if s.pol[u.PolicyID].AboveDefault(u.Share) {
+							above++
+						}
+					}
+				}
+			}
+		})
+		if !ok {
+			return
+		}
+	}
+	// The scenarios must exercise every path, not pass by standing still.
+	t.Logf("decisions %d: %v; late %d; with silent regions %d; updates above default %d", total, modes, late, silent, above)
+	require.Greater(t, late, total/100)
+	require.Greater(t, modes[shares.Grow], total/4)
+	require.Greater(t, modes[shares.Hold], total/50)
+	require.Greater(t, modes[shares.Fallback], total/10)
+	require.Greater(t, silent, total/100)
+	require.Greater(t, above, total/20)
+}
+
+// TestOrderAndDuplicatesChangeNothing runs the same scenario twice with
+// every report delivered in a different order and, in the second run,
+// several times: every decision and every published report is the same.
+func TestOrderAndDuplicatesChangeNothing(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for i := 0; i < 300; i++ {
+		seed := r.Uint64()
+		s := randScenario(rand.New(rand.NewPCG(seed, 1)))
+		s.crashes = nil
+		s.bus.dup = 0
+		// Delivery must not depend on the run's random stream: decide the
+		// routes up front.
+		routes := map[[3]int64][]int64{}
+		rr := rand.New(rand.NewPCG(seed, 3))
+		for e := int64(0); e < s.epochs+10; e++ {
+			for a := range s.names {
+				for b := range s.names {
+					routes[[3]int64{int64(a), int64(b), e}] = s.bus.route(rr, a, b, e)
+				}
+			}
+		}
+		run := func(runSeed uint64, dups bool) *cluster {
+			bus := fixedRoutes{routes: routes, dups: dups}
+			c := newCluster(t, rand.New(rand.NewPCG(seed, runSeed)), s.names, s.cfg, s.pol, s.keys, bus)
+			c.fixRegions()
+			c.deliverFirst = true
+			base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s.cfg.Epoch)
+			for e := int64(0); e < s.epochs; e++ {
+				c.step(base+e, func(i int, k Key) int64 { return s.demand[e][i][slices.Index(s.keys, k)] })
+			}
+			return c
+		}
+		a, b := run(100, false), run(200, true)
+		for j := range a.regs {
+			require.Equal(t, a.regs[j].decisions, b.regs[j].decisions, "seed %d region %s", seed, a.regs[j].name)
+			require.Equal(t, a.regs[j].reports, b.regs[j].reports, "seed %d region %s", seed, a.regs[j].name)
+		}
+	}
+}
+
+// fixedRoutes replays precomputed routes, optionally sending every
+// delivered report three times.
+type fixedRoutes struct {
+	routes map[[3]int64][]int64
+	dups   bool
+}
+
+func (f fixedRoutes) route(_ *rand.Rand, from, to int, e int64) []int64 {
+	// e is an absolute epoch; routes are keyed by scenario epoch.
+	base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Second)
+	d := f.routes[[3]int64{int64(from), int64(to), e - base}]
+	if f.dups && len(d) > 0 {
+		return []int64{d[0], d[0], d[0]}
+	}
+	return d
+}

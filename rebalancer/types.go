@@ -1,0 +1,183 @@
+package rebalancer
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/quotientlabs/quotient/shares"
+)
+
+// Errors that callers branch on; returned errors wrap them and say what was
+// wrong.
+var (
+	// ErrConfig: a Config field is out of range.
+	ErrConfig = errors.New("rebalancer: invalid config")
+	// ErrUsage: a Usage entry given to Collect is invalid; nothing was
+	// changed.
+	ErrUsage = errors.New("rebalancer: invalid usage")
+	// ErrReport: a received Report is malformed; it was not applied.
+	ErrReport = errors.New("rebalancer: invalid report")
+	// ErrEpochNotOver: Collect was called again before the next epoch
+	// ended (or with time going backwards); nothing was changed.
+	ErrEpochNotOver = errors.New("rebalancer: epoch not over")
+	// ErrNothingPending: Decide was called with no published epoch waiting
+	// for a decision.
+	ErrNothingPending = errors.New("rebalancer: no epoch pending")
+)
+
+// Key identifies one global limit of one subject.
+type Key struct {
+	PolicyID string // ID of the global policy
+	Subject  string // the limiter's encoded subject
+}
+
+// Usage is what the gateways of this region flushed for one key and epoch.
+// Several entries for one key are added up.
+type Usage struct {
+	Key
+	Demand   int64 // cost units attempted, allowed or not, >= 0
+	Admitted int64 // cost units admitted, 0..Demand
+}
+
+// KeyReport is one key's line in a Report. A region omits keys it is idle
+// on and holds at the default share: a missing key means demand 0, share
+// Default(), want 0.
+type KeyReport struct {
+	Key
+	Demand              int64        // cost units attempted in the epoch, allowed or not
+	Admitted            int64        // cost units admitted in the epoch
+	SmoothedDemandMilli int64        // the sender's smoothed demand, milli cost units per second
+	Share               shares.Share // the share the sender enforces now (its claim)
+	Want                shares.Share // how much the sender asks to grow (see shares.Config.Want)
+}
+
+// Heard says the sender has received a report of Region for epochs up to
+// Epoch.
+type Heard struct {
+	Region string
+	Epoch  int64
+}
+
+// Report is one region's usage report for one epoch: what crosses regions
+// (package proto carries it on Kafka). Keys are sorted by (PolicyID,
+// Subject).
+type Report struct {
+	Region string  // sender
+	Epoch  int64   // floor(unix ms / epoch ms) of the epoch reported
+	Seq    int64   // per-region, strictly increasing; the Core uses the epoch number
+	Heard  []Heard // the sender's view; includes the sender itself at Epoch
+	Keys   []KeyReport
+}
+
+// Update is one share record to write to this region's store.
+type Update struct {
+	Key
+	// Share is the share to enforce (when Delete is false).
+	Share shares.Share
+	// Delete means the share is the default: remove the record (a key with
+	// no record gets the default share).
+	Delete bool
+	// ExpireAt is when the record must expire (Redis PEXPIREAT); zero when
+	// Delete. Records above the default expire SilenceEpochs+1 epochs after
+	// the start of the decided epoch, the others IdleTTLEpochs after it.
+	ExpireAt time.Time
+}
+
+// Policies gives the global limit of a policy. It must not block; the Core
+// calls it once per key and epoch.
+type Policies interface {
+	// Limit returns the policy's limit (rate, burst, regions count) and
+	// whether the policy is known.
+	Limit(policyID string) (shares.Limit, bool)
+}
+
+// PolicyMap is a Policies backed by a map; it is not safe to change while a
+// Core uses it.
+type PolicyMap map[string]shares.Limit
+
+// Limit implements Policies.
+func (m PolicyMap) Limit(policyID string) (shares.Limit, bool) {
+	l, ok := m[policyID]
+	return l, ok
+}
+
+// UsageSource is what a driver reads the gateways' flushed usage from (this
+// region's Redis). The Core never calls it.
+type UsageSource interface {
+	// Usage returns the usage flushed for epoch, and removes it from the
+	// source only when it is returned without error. The caller owns the
+	// slice. An error means nothing was read; the driver retries or
+	// reports the epoch with no usage.
+	Usage(ctx context.Context, epoch int64) ([]Usage, error)
+}
+
+// ShareSink is where a driver writes share updates (this region's Redis,
+// pipelined). The Core never calls it.
+type ShareSink interface {
+	// Write applies the updates. An error means some may not have been
+	// applied; the driver must not publish the next report until they
+	// are (the report claims them).
+	Write(ctx context.Context, updates []Update) error
+}
+
+// Bus carries reports between regions (Kafka, at least once). The Core
+// never calls it.
+type Bus interface {
+	// Publish sends a report to every region. The bus does not keep r.
+	Publish(ctx context.Context, r *Report) error
+	// Receive blocks until a report from any region arrives (its own
+	// included) or ctx ends. The caller owns the report.
+	Receive(ctx context.Context) (*Report, error)
+}
+
+// Receipt says what Receive did with a report.
+type Receipt uint8
+
+const (
+	// Accepted: the report is new and was stored.
+	Accepted Receipt = iota
+	// Duplicate: the same (region, epoch, seq) was already stored; nothing changed.
+	Duplicate
+	// Conflict: a report with the same (region, epoch) but another seq was
+	// already stored; the first one is kept and nothing changed.
+	Conflict
+	// Stale: the epoch is already decided and newer reports of the region
+	// are known; nothing changed.
+	Stale
+	// Own: the report is this region's own; nothing changed.
+	Own
+)
+
+// String returns the receipt's name.
+func (r Receipt) String() string {
+	switch r {
+	case Accepted:
+		return "accepted"
+	case Duplicate:
+		return "duplicate"
+	case Conflict:
+		return "conflict"
+	case Stale:
+		return "stale"
+	case Own:
+		return "own"
+	}
+	return "unknown"
+}
+
+// EpochOf returns the number of the epoch that t falls in:
+// floor(unix ms / epoch ms). epoch must be at least a millisecond.
+func EpochOf(t time.Time, epoch time.Duration) int64 {
+	ms, e := t.UnixMilli(), epoch.Milliseconds()
+	q := ms / e
+	if ms%e != 0 && ms < 0 {
+		q--
+	}
+	return q
+}
+
+// EpochStart returns when epoch number n starts.
+func EpochStart(n int64, epoch time.Duration) time.Time {
+	return time.UnixMilli(n * epoch.Milliseconds())
+}
