@@ -29,14 +29,14 @@ func TestUsageCountsDemandAndAdmittedPerEpoch(t *testing.T) {
 		_, err := l.Check(ctx, Request{Identity: Identity{APIKey: key}, Method: method, Path: path})
 		require.NoError(t, err)
 	}
-	check("a", "GET", "/")       // admitted 1
+	check("a", "GET", "/")        // admitted 1
 	check("a", "POST", "/export") // cost 2 > 1 left: rejected
-	check("a", "GET", "/")       // admitted 1
+	check("a", "GET", "/")        // admitted 1
 	check("b", "POST", "/export") // admitted 2
 	_, err = l.Check(ctx, Request{Identity: Identity{APIKey: "a"}, Method: "GET", Path: "/", Peek: true})
 	require.NoError(t, err)
 	clock.Advance(5 * time.Second) // next epoch
-	check("a", "GET", "/")          // 5 s refill: admitted
+	check("a", "GET", "/")         // 5 s refill: admitted
 
 	e0 := clock.Now().UnixMilli()/10_000 - 1
 	got := l.usage.take()
