@@ -8,10 +8,22 @@ import "math"
 // so that both give identical decisions (see TestDifferential). Any change
 // here must be made there too.
 //
-// Units: time in milliseconds; bucket contents in micro-tokens; rates in
-// milli-tokens per second, which is micro-tokens per millisecond.
+// Units: buckets work in microseconds and nano-tokens, with rates in
+// milli-tokens per second, which is exactly nano-tokens per microsecond;
+// windows work in milliseconds and cost units.
+//
+// A bucket's whole state is one integer, the time (µs) at which it will be
+// full again (token bucket) or empty (leaky bucket): its deficit (tokens
+// missing, or work queued) at time now is (F - now) x rate, and it grows by
+// ceil(cost / rate) µs per admission. This is the generic cell rate
+// algorithm's form of a bucket: one integer per bucket keeps Redis memory
+// within the design budget, and a key that expires (at F + 1 s) is exactly
+// a full bucket, whatever the rate and burst are by then.
 
-const micro = 1_000_000
+const (
+	nano         = 1_000_000_000 // nano-tokens per token
+	nanoPerMilli = 1_000_000     // nano-tokens per milli-token
+)
 
 // op is one policy's part of one store call.
 type op struct {
@@ -35,8 +47,8 @@ type logEntry struct {
 // state is the stored state of one policy for one subject. Field use by
 // algorithm (and the Redis hash fields that hold them):
 //
-//	token_bucket:           a = tokens (µ), b = last update ms     ("t", "u")
-//	leaky_bucket:           a = level (µ), b = last update ms      ("l", "u")
+//	token_bucket:           a = µs at which the bucket is full   (a string)
+//	leaky_bucket:           a = µs at which the queue is empty   (a string)
 //	fixed_window:           a = window start ms, b = count         ("w", "n")
 //	sliding_window_counter: a = window start ms, b = current count,
 //	                        c = previous count                     ("w", "c", "p")
@@ -67,56 +79,34 @@ func floorDiv(x, y int64) int64 {
 	return int64(math.Floor(float64(x) / float64(y)))
 }
 
-// advance moves st (nil when the key does not exist) to time now without
+// advance moves st (nil when the key does not exist) to time nowUs without
 // consuming, and returns the new state. rate and burst are the effective
 // bucket parameters (the share, for global policies).
-func advance(o *op, st *state, now, rate, burst int64) state {
+func advance(o *op, st *state, nowUs, rate, burst int64) state {
 	switch o.algo {
-	case TokenBucket:
-		capU := burst * 1000
-		if st == nil {
-			return state{a: capU, b: now}
+	case TokenBucket, LeakyBucket:
+		var f int64
+		if st != nil {
+			f = st.a
 		}
-		s := state{a: st.a, b: st.b}
-		if s.a > capU {
-			s.a = capU
+		base := max(f, nowUs)
+		// A smaller burst than when the deficit was built (a share shrank):
+		// clamp, so the bucket holds no less than zero tokens (no more than
+		// its capacity of queued work).
+		if maxDef := floorDiv(burst*nanoPerMilli, rate); base-nowUs > maxDef {
+			base = nowUs + maxDef
 		}
-		if now > s.b {
-			missing := capU - s.a
-			if missing > 0 {
-				if now-s.b >= ceilDiv(missing, rate) {
-					s.a = capU
-				} else {
-					s.a += (now - s.b) * rate
-				}
-			}
-			s.b = now
-		}
-		return s
-	case LeakyBucket:
-		if st == nil {
-			return state{a: 0, b: now}
-		}
-		s := state{a: st.a, b: st.b}
-		if now > s.b {
-			if s.a > 0 {
-				if now-s.b >= ceilDiv(s.a, rate) {
-					s.a = 0
-				} else {
-					s.a -= (now - s.b) * rate
-				}
-			}
-			s.b = now
-		}
-		return s
+		return state{a: base}
 	case FixedWindow:
-		start := now - now%o.windowMs
+		nowMs := nowUs / 1000
+		start := nowMs - nowMs%o.windowMs
 		if st == nil || start > st.a {
 			return state{a: start, b: 0}
 		}
 		return state{a: st.a, b: st.b}
 	case SlidingWindowCounter:
-		start := now - now%o.windowMs
+		nowMs := nowUs / 1000
+		start := nowMs - nowMs%o.windowMs
 		if st == nil {
 			return state{a: start}
 		}
@@ -134,12 +124,9 @@ func advance(o *op, st *state, now, rate, burst int64) state {
 		if st == nil {
 			return s
 		}
-		last := int64(math.MinInt64)
-		if n := len(st.log); n > 0 {
-			last = st.log[n-1].ts
-		}
-		if now < last {
-			now = last
+		now := nowUs / 1000
+		if n := len(st.log); n > 0 && now < st.log[n-1].ts {
+			now = st.log[n-1].ts
 		}
 		i := 0
 		for i < len(st.log) && st.log[i].ts <= now-o.windowMs {
@@ -151,14 +138,11 @@ func advance(o *op, st *state, now, rate, burst int64) state {
 	return state{}
 }
 
-// nowFor is the time the algorithm works at: never earlier than the state's
-// own time, so a clock that steps back mints nothing.
-func nowFor(o *op, s *state, now int64) int64 {
+// windowNow is the time (ms) a window algorithm works at: never earlier
+// than the state's own time, so a clock that steps back mints nothing.
+func windowNow(o *op, s *state, nowUs int64) int64 {
+	now := nowUs / 1000
 	switch o.algo {
-	case TokenBucket, LeakyBucket:
-		if s.b > now {
-			return s.b
-		}
 	case SlidingWindowCounter, FixedWindow:
 		if s.a > now {
 			return s.a
@@ -179,35 +163,27 @@ func swcEstimate(s *state, windowMs, elapsed int64) float64 {
 	return float64(prod/float64(windowMs)) + float64(s.b)
 }
 
-// decide evaluates one policy at now on the advanced state s: whether it
-// admits o.cost, and the answer it reports if the request is admitted
-// (consumed=true) or not.
-func decide(o *op, s *state, now, rate, burst int64) (admit bool, res result) {
-	now = nowFor(o, s, now)
+// decide evaluates one policy at nowUs on the advanced state s: whether it
+// admits o.cost, and its retry and delay answers.
+func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) {
 	switch o.algo {
-	case TokenBucket:
-		costU := o.cost * micro
-		capU := burst * 1000
-		admit = costU <= s.a
-		if !admit {
-			if costU > capU {
-				res.retryMs = -1
-			} else {
-				res.retryMs = ceilDiv(costU-s.a, rate)
-			}
+	case TokenBucket, LeakyBucket:
+		capN := burst * nanoPerMilli
+		def := (s.a - nowUs) * rate
+		if o.cost*1000 > burst {
+			return false, result{retryMs: -1}
 		}
-	case LeakyBucket:
-		costU := o.cost * micro
-		capU := burst * 1000
-		admit = s.a+costU <= capU
-		if admit {
-			res.delayMs = ceilDiv(s.a, rate)
-		} else if costU > capU {
-			res.retryMs = -1
-		} else {
-			res.retryMs = ceilDiv(s.a+costU-capU, rate)
+		costN := o.cost * nano
+		admit = def+costN <= capN
+		switch {
+		case admit && o.algo == LeakyBucket:
+			res.delayMs = ceilDiv(s.a-nowUs, 1000)
+		case !admit:
+			res.retryMs = ceilDiv(ceilDiv(def+costN-capN, rate), 1000)
 		}
+		return admit, res
 	case FixedWindow:
+		now := windowNow(o, s, nowUs)
 		admit = s.b+o.cost <= o.limit
 		if !admit {
 			if o.cost > o.limit {
@@ -217,7 +193,7 @@ func decide(o *op, s *state, now, rate, burst int64) (admit bool, res result) {
 			}
 		}
 	case SlidingWindowCounter:
-		e := now - s.a
+		e := windowNow(o, s, nowUs) - s.a
 		est := swcEstimate(s, o.windowMs, e)
 		admit = est+float64(o.cost) <= float64(o.limit)
 		if !admit {
@@ -236,6 +212,7 @@ func decide(o *op, s *state, now, rate, burst int64) (admit bool, res result) {
 			}
 		}
 	case SlidingWindowLog:
+		now := windowNow(o, s, nowUs)
 		var total int64
 		for _, le := range s.log {
 			total += le.cost
@@ -260,46 +237,37 @@ func decide(o *op, s *state, now, rate, burst int64) (admit bool, res result) {
 	return admit, res
 }
 
-// consume spends o.cost from the advanced state s at now and returns the
+// consume spends o.cost from the advanced state s at nowUs and returns the
 // new state.
-func consume(o *op, s state, now int64) state {
-	now = nowFor(o, &s, now)
+func consume(o *op, s state, nowUs, rate int64) state {
 	switch o.algo {
-	case TokenBucket:
-		s.a -= o.cost * micro
-	case LeakyBucket:
-		s.a += o.cost * micro
+	case TokenBucket, LeakyBucket:
+		s.a += ceilDiv(o.cost*nano, rate)
 	case FixedWindow, SlidingWindowCounter:
 		s.b += o.cost
 	case SlidingWindowLog:
 		log := make([]logEntry, len(s.log), len(s.log)+1)
 		copy(log, s.log)
-		s.log = append(log, logEntry{ts: now, cost: o.cost})
+		s.log = append(log, logEntry{ts: windowNow(o, &s, nowUs), cost: o.cost})
 	}
 	return s
 }
 
 // report fills the quota fields of res (remaining, reset) from the final
 // state s, and returns the key's TTL in milliseconds from now.
-func report(o *op, s *state, now, rate, burst int64, res *result) (ttlMs int64) {
-	now = nowFor(o, s, now)
+func report(o *op, s *state, nowUs, rate, burst int64, res *result) (ttlMs int64) {
 	switch o.algo {
-	case TokenBucket:
-		capU := burst * 1000
-		res.remaining = floorDiv(s.a, micro)
-		res.resetMs = ceilDiv(capU-s.a, rate)
-		return ceilDiv(capU, rate) + 1000
-	case LeakyBucket:
-		capU := burst * 1000
-		res.remaining = max(0, floorDiv(capU-s.a, micro))
-		res.resetMs = ceilDiv(s.a, rate)
-		return ceilDiv(capU, rate) + 1000
+	case TokenBucket, LeakyBucket:
+		capN := burst * nanoPerMilli
+		res.remaining = max(0, floorDiv(capN-(s.a-nowUs)*rate, nano))
+		res.resetMs = ceilDiv(s.a-nowUs, 1000)
+		return res.resetMs + 1000
 	case FixedWindow:
 		res.remaining = max(0, o.limit-s.b)
-		res.resetMs = s.a + o.windowMs - now
+		res.resetMs = s.a + o.windowMs - windowNow(o, s, nowUs)
 		return res.resetMs + 1000
 	case SlidingWindowCounter:
-		e := now - s.a
+		e := windowNow(o, s, nowUs) - s.a
 		est := swcEstimate(s, o.windowMs, e)
 		res.remaining = max(0, int64(math.Floor(float64(o.limit)-est)))
 		switch {
@@ -316,7 +284,7 @@ func report(o *op, s *state, now, rate, burst int64, res *result) (ttlMs int64) 
 		}
 		res.remaining = max(0, o.limit-total)
 		if n := len(s.log); n > 0 {
-			res.resetMs = s.log[n-1].ts + o.windowMs - now
+			res.resetMs = s.log[n-1].ts + o.windowMs - windowNow(o, s, nowUs)
 		}
 		return o.windowMs + 1000
 	}

@@ -28,13 +28,16 @@
 //
 // # Arithmetic
 //
-// All state is integer: time in milliseconds, bucket contents in
-// micro-tokens (rates are kept to 1/1000 token per second, so a millisecond
-// of refill is a whole number of micro-tokens). Divisions happen only where a
-// time is derived (retry-after, reset), in IEEE double arithmetic in the same
-// order in Lua and Go, so both stores give bit-identical answers. The bounds
-// this imposes (rate at most 1e9/s, burst at most 1e8, window limits at most
-// 1e12) are checked when policies are parsed.
+// All state is integer. A bucket is one number: the microsecond at which it
+// will be full again (token bucket) or empty (leaky bucket), with contents in
+// nano-tokens (rates are kept to 1/1000 token per second, so a microsecond
+// of refill is a whole number of nano-tokens); windows count cost units in
+// milliseconds. Divisions happen only where a time is derived (the cost of
+// an admission in µs, rounded up; retry-after; reset), in IEEE double
+// arithmetic in the same order in Lua and Go, so both stores give
+// bit-identical answers. The bounds this imposes (rate at most 1e9/s, burst
+// at most 1e6, window limits at most 1e12) are checked when policies are
+// parsed.
 //
 // # All or nothing per subject
 //
@@ -58,5 +61,7 @@
 // one cluster slot. Subjects are escaped (see [Subject.Key]) so no byte
 // string can break a key, move it to another slot, or collide with another
 // subject. Every key has a TTL: a bucket lives until it would be full again
-// plus one second, a window until it ends plus one second.
+// plus one second, a window until it ends plus one second, so an expired key
+// and a live one always decide alike. A token bucket takes 104 bytes of
+// Redis memory with a 32-character API key (MEMORY USAGE, Redis 7.0).
 package limiter

@@ -77,7 +77,8 @@ const sweepEveryMs = 10_000
 
 // eval implements Store.
 func (m *MemoryStore) eval(_ context.Context, now time.Time, subject string, ops []op, res []result) (bool, error) {
-	nowMs := now.UnixMilli()
+	nowUs := now.UnixMicro()
+	nowMs := nowUs / 1000
 	sh := m.shard(subject)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -103,8 +104,8 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subject string, ops
 			}
 			cur = subj.lookup(o.policy, o.algo, nowMs, m.keepExpired)
 		}
-		s := advance(o, cur, nowMs, rate, burst)
-		admit, r := decide(o, &s, nowMs, rate, burst)
+		s := advance(o, cur, nowUs, rate, burst)
+		admit, r := decide(o, &s, nowUs, rate, burst)
 		r.allowed = admit
 		res[i] = r
 		if !admit && o.enforce {
@@ -116,8 +117,8 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subject string, ops
 		o := &ops[i]
 		final := adv[i]
 		if allowed && res[i].allowed && o.cost > 0 {
-			final = consume(o, final, nowMs)
-			ttl := report(o, &final, nowMs, rates[i], bursts[i], &res[i])
+			final = consume(o, final, nowUs, rates[i])
+			ttl := report(o, &final, nowUs, rates[i], bursts[i], &res[i])
 			final.expireMs = nowMs + ttl
 			if subj == nil {
 				subj = &memSubject{}
@@ -125,7 +126,7 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subject string, ops
 			}
 			subj.store(o.policy, o.algo, final)
 		} else {
-			report(o, &final, nowMs, rates[i], bursts[i], &res[i])
+			report(o, &final, nowUs, rates[i], bursts[i], &res[i])
 		}
 		if !allowed || !res[i].allowed {
 			res[i].delayMs = 0

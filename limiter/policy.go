@@ -183,7 +183,7 @@ type routeCost struct {
 // integers a double holds (see the package documentation).
 const (
 	MaxRatePerSec = 1e9
-	MaxBurst      = 1e8
+	MaxBurst      = 1e6
 	MaxLimit      = 1e12
 	MaxWindowSec  = 366 * 86400
 	MaxCost       = 1e8

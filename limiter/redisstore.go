@@ -26,7 +26,8 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 // Redis has forgotten it), deciding with Redis server TIME so gateway clocks
 // do not matter. Keys (see the package documentation):
 //
-//	rl:{<subject>}:<policy>:tb|lb|fw|sc   hash: bucket or window state
+//	rl:{<subject>}:<policy>:tb|lb         string: µs at which the bucket is full (empty)
+//	rl:{<subject>}:<policy>:fw|sc         hash: window state
 //	rl:{<subject>}:<policy>:sl            list: sliding window log, "ms:cost"
 //	rl:{<subject>}:<policy>:share         hash r (milli-tokens/s), b (milli-tokens):
 //	                                      this region's share of a global policy,
@@ -87,7 +88,7 @@ func (s *RedisStore) eval(ctx context.Context, now time.Time, subject string, op
 	keys := make([]string, 0, len(ops)+1)
 	args := make([]any, 0, 2+7*len(ops))
 	if s.passTime {
-		args = append(args, strconv.FormatInt(now.UnixMilli(), 10))
+		args = append(args, strconv.FormatInt(now.UnixMicro(), 10))
 	} else {
 		args = append(args, "")
 	}

@@ -3,21 +3,23 @@
 -- double divisions in the same order); change both together.
 --
 -- KEYS: for each op, its state key, then its share key when the op is global.
--- ARGV[1]: '' (use Redis server TIME) or a time in ms (tests only).
+-- ARGV[1]: '' (use Redis server TIME) or a time in µs (tests only).
 -- ARGV[2]: number of ops; then 7 values per op:
 --   algo (1 token, 2 leaky, 3 fixed, 4 sliding log, 5 sliding counter),
 --   flags (1 enforce, 2 global), cost, rate (milli-tokens/s), burst
 --   (milli-tokens), limit, window (ms).
 -- Returns {allowed, then per op: admit, remaining, reset_ms, retry_ms, delay_ms}.
-local now
+local nowus
 if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
+  nowus = tonumber(ARGV[1])
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local ceil, floor = math.ceil, math.floor
-local MICRO = 1000000
+local now = floor(nowus / 1000)
+local NANO = 1000000000
+local NANO_PER_MILLI = 1000000
 local n = tonumber(ARGV[2])
 local ops = {}
 local ki = 1
@@ -25,9 +27,7 @@ local allowed = 1
 
 local function nowfor(o)
   local a = o.algo
-  if a == 1 or a == 2 then
-    if o.b > now then return o.b end
-  elseif a == 3 or a == 5 then
+  if a == 3 or a == 5 then
     if o.a > now then return o.a end
   elseif a == 4 then
     local m = #o.log
@@ -57,43 +57,15 @@ for i = 1, n do
   end
   local algo, rate, burst = o.algo, o.rate, o.burst
   -- load and advance (algorithm.go: advance)
-  if algo == 1 then
-    local capU = burst * 1000
-    local v = redis.call('HMGET', o.key, 't', 'u')
-    if not v[1] then
-      o.a, o.b = capU, now
-    else
-      o.a, o.b = tonumber(v[1]), tonumber(v[2])
-      if o.a > capU then o.a = capU end
-      if now > o.b then
-        local missing = capU - o.a
-        if missing > 0 then
-          if now - o.b >= ceil(missing / rate) then
-            o.a = capU
-          else
-            o.a = o.a + (now - o.b) * rate
-          end
-        end
-        o.b = now
-      end
-    end
-  elseif algo == 2 then
-    local v = redis.call('HMGET', o.key, 'l', 'u')
-    if not v[1] then
-      o.a, o.b = 0, now
-    else
-      o.a, o.b = tonumber(v[1]), tonumber(v[2])
-      if now > o.b then
-        if o.a > 0 then
-          if now - o.b >= ceil(o.a / rate) then
-            o.a = 0
-          else
-            o.a = o.a - (now - o.b) * rate
-          end
-        end
-        o.b = now
-      end
-    end
+  if algo == 1 or algo == 2 then
+    local v = redis.call('GET', o.key)
+    local f = 0
+    if v then f = tonumber(v) end
+    local base = f
+    if nowus > base then base = nowus end
+    local maxdef = floor(burst * NANO_PER_MILLI / rate)
+    if base - nowus > maxdef then base = nowus + maxdef end
+    o.a = base
   elseif algo == 3 then
     local start = now - now % o.win
     local v = redis.call('HMGET', o.key, 'w', 'n')
@@ -137,23 +109,19 @@ for i = 1, n do
   local t = nowfor(o)
   local admit = false
   local retry, delay = 0, 0
-  if algo == 1 then
-    local costU = o.cost * MICRO
-    local capU = burst * 1000
-    admit = costU <= o.a
-    if not admit then
-      if costU > capU then retry = -1 else retry = ceil((costU - o.a) / rate) end
-    end
-  elseif algo == 2 then
-    local costU = o.cost * MICRO
-    local capU = burst * 1000
-    admit = o.a + costU <= capU
-    if admit then
-      delay = ceil(o.a / rate)
-    elseif costU > capU then
+  if algo == 1 or algo == 2 then
+    local capN = burst * NANO_PER_MILLI
+    local def = (o.a - nowus) * rate
+    if o.cost * 1000 > burst then
       retry = -1
     else
-      retry = ceil((o.a + costU - capU) / rate)
+      local costN = o.cost * NANO
+      admit = def + costN <= capN
+      if admit and algo == 2 then
+        delay = ceil((o.a - nowus) / 1000)
+      elseif not admit then
+        retry = ceil(ceil((def + costN - capN) / rate) / 1000)
+      end
     end
   elseif algo == 3 then
     admit = o.b + o.cost <= o.limit
@@ -213,10 +181,8 @@ for i = 1, n do
   local t = nowfor(o)
   if write then
     -- consume (algorithm.go: consume)
-    if algo == 1 then
-      o.a = o.a - o.cost * MICRO
-    elseif algo == 2 then
-      o.a = o.a + o.cost * MICRO
+    if algo == 1 or algo == 2 then
+      o.a = o.a + ceil(o.cost * NANO / rate)
     elseif algo == 3 or algo == 5 then
       o.b = o.b + o.cost
     elseif algo == 4 then
@@ -226,17 +192,12 @@ for i = 1, n do
   end
   -- report (algorithm.go: report)
   local remaining, reset, ttl = 0, 0, 1000
-  if algo == 1 then
-    local capU = burst * 1000
-    remaining = floor(o.a / MICRO)
-    reset = ceil((capU - o.a) / rate)
-    ttl = ceil(capU / rate) + 1000
-  elseif algo == 2 then
-    local capU = burst * 1000
-    remaining = floor((capU - o.a) / MICRO)
+  if algo == 1 or algo == 2 then
+    local capN = burst * NANO_PER_MILLI
+    remaining = floor((capN - (o.a - nowus) * rate) / NANO)
     if remaining < 0 then remaining = 0 end
-    reset = ceil(o.a / rate)
-    ttl = ceil(capU / rate) + 1000
+    reset = ceil((o.a - nowus) / 1000)
+    ttl = reset + 1000
   elseif algo == 3 then
     remaining = o.limit - o.b
     if remaining < 0 then remaining = 0 end
@@ -263,10 +224,8 @@ for i = 1, n do
     ttl = o.win + 1000
   end
   if write then
-    if algo == 1 then
-      redis.call('HSET', o.key, 't', o.a, 'u', o.b)
-    elseif algo == 2 then
-      redis.call('HSET', o.key, 'l', o.a, 'u', o.b)
+    if algo == 1 or algo == 2 then
+      redis.call('SET', o.key, string.format('%d', o.a), 'PX', ttl)
     elseif algo == 3 then
       redis.call('HSET', o.key, 'w', o.a, 'n', o.b)
     elseif algo == 5 then
@@ -275,7 +234,7 @@ for i = 1, n do
       if o.trim > 0 then redis.call('LTRIM', o.key, o.trim, -1) end
       redis.call('RPUSH', o.key, string.format('%d:%d', t, o.cost))
     end
-    redis.call('PEXPIRE', o.key, ttl)
+    if algo ~= 1 and algo ~= 2 then redis.call('PEXPIRE', o.key, ttl) end
   end
   local admit, retry, delay = 0, o.retry, o.delay
   if o.admit then admit = 1 end

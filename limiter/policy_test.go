@@ -1,0 +1,153 @@
+package limiter
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// seedExample is the policy of the seed design, section 4.3, verbatim.
+const seedExample = `{"id": "pro-default", "version": 7, "match": {"tier": "pro", "routes": ["/v1/*"]}, "algorithm": "token_bucket", "rate_per_sec": 100, "burst": 200, "cost": {"POST /v1/exports": 10}, "on_store_failure": "open", "mode": "enforce"}`
+
+func TestParseSeedExample(t *testing.T) {
+	ps, err := ParsePolicies([]byte(seedExample))
+	require.NoError(t, err)
+	require.Len(t, ps, 1)
+	p := ps[0]
+	assert.Equal(t, "pro-default", p.ID)
+	assert.Equal(t, int64(7), p.Version)
+	assert.Equal(t, TokenBucket, p.Algorithm)
+	assert.Equal(t, int64(100_000), p.RateMilli())
+	assert.Equal(t, int64(200_000), p.BurstMilli())
+	assert.Equal(t, int64(200), p.Capacity())
+	assert.Equal(t, Enforce, p.Mode)
+	assert.Equal(t, FailOpen, p.OnStoreFailure)
+	// Defaults.
+	assert.Equal(t, SubjectAPIKey, p.Subject)
+	assert.Equal(t, ClassQuota, p.Class)
+	assert.Equal(t, ScopeRegion, p.Scope)
+	// Matching and costs.
+	assert.True(t, p.Matches("pro", "GET", "/v1/orders"))
+	assert.True(t, p.Matches("pro", "POST", "/v1/exports/today"))
+	assert.False(t, p.Matches("free", "GET", "/v1/orders"))
+	assert.False(t, p.Matches("pro", "GET", "/v2/orders"))
+	assert.Equal(t, int64(10), p.CostOf("POST", "/v1/exports"))
+	assert.Equal(t, int64(1), p.CostOf("GET", "/v1/exports"))
+	assert.Equal(t, int64(1), p.CostOf("POST", "/v1/orders"))
+}
+
+func TestParseDefaultsByClass(t *testing.T) {
+	ps, err := ParsePolicies([]byte(`[
+		{"id":"a","algorithm":"token_bucket","rate_per_sec":2.5},
+		{"id":"b","algorithm":"sliding_window_counter","limit":5,"window_s":900,"class":"security","subject":"account"},
+		{"id":"c","algorithm":"fixed_window","limit":10000,"window_s":86400,"class":"capacity","scope":"global"}
+	]`))
+	require.NoError(t, err)
+	assert.Equal(t, 3.0, ps[0].Burst, "burst defaults to the rate rounded up")
+	assert.Equal(t, FailOpen, ps[0].OnStoreFailure)
+	assert.Equal(t, FailClosed, ps[1].OnStoreFailure)
+	assert.Equal(t, FailLocal, ps[2].OnStoreFailure)
+	assert.Equal(t, int64(900_000), ps[1].WindowMs())
+}
+
+// TestParseErrorsNameTheField checks that every kind of broken document is
+// rejected with a message whose path names the offending field.
+func TestParseErrorsNameTheField(t *testing.T) {
+	cases := []struct {
+		name, doc, path, msg string
+	}{
+		{"unknown field", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"colour":"red"}]`, "policies[0].colour", "unknown field"},
+		{"unknown match field", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"match":{"tier":"x","path":"/"}}]`, "policies[0].match.path", "unknown field"},
+		{"negative rate", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":-5}]`, "policies[0].rate_per_sec", "must be > 0"},
+		{"zero rate", `[{"id":"a","algorithm":"leaky_bucket","rate_per_sec":0,"burst":3}]`, "policies[0].rate_per_sec", "must be > 0"},
+		{"too precise rate", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":0.0001}]`, "policies[0].rate_per_sec", "three decimals"},
+		{"zero window", `[{"id":"a","algorithm":"fixed_window","limit":5,"window_s":0}]`, "policies[0].window_s", "between 1 and"},
+		{"missing limit", `[{"id":"a","algorithm":"sliding_window_log","window_s":60}]`, "policies[0].limit", "between 1 and"},
+		{"unknown algorithm", `[{"id":"a","algorithm":"magic","rate_per_sec":1}]`, "policies[0].algorithm", `unknown algorithm "magic"`},
+		{"missing algorithm", `[{"id":"a","rate_per_sec":1}]`, "policies[0].algorithm", "required"},
+		{"duplicate id", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1},{"id":"a","algorithm":"token_bucket","rate_per_sec":2}]`, "policies[1].id", `duplicate id "a" (also policies[0])`},
+		{"missing id", `[{"algorithm":"token_bucket","rate_per_sec":1}]`, "policies[0].id", "required"},
+		{"bad id", `[{"id":"a b{}","algorithm":"token_bucket","rate_per_sec":1}]`, "policies[0].id", "must be 1 to 64"},
+		{"wrong type", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":"fast"}]`, "policies[0].rate_per_sec", "wrong type"},
+		{"fractional limit", `[{"id":"a","algorithm":"fixed_window","limit":2.5,"window_s":60}]`, "policies[0].limit", "wrong type"},
+		{"bucket with window", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"window_s":60}]`, "policies[0].window_s", "not a parameter of token_bucket"},
+		{"window with burst", `[{"id":"a","algorithm":"fixed_window","limit":5,"window_s":60,"burst":3}]`, "policies[0].burst", "not a parameter of fixed_window"},
+		{"bad subject", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"subject":"planet"}]`, "policies[0].subject", "unknown subject"},
+		{"bad class", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"class":"vip"}]`, "policies[0].class", "unknown class"},
+		{"bad failure mode", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"on_store_failure":"maybe"}]`, "policies[0].on_store_failure", "unknown value"},
+		{"bad mode", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"mode":"loud"}]`, "policies[0].mode", "unknown mode"},
+		{"bad scope", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"scope":"planet"}]`, "policies[0].scope", "unknown scope"},
+		{"global sliding window", `[{"id":"a","algorithm":"sliding_window_log","limit":5,"window_s":60,"scope":"global"}]`, "policies[0].scope", "global scope is supported"},
+		{"bad cost key", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"burst":20,"cost":{"exports":10}}]`, `policies[0].cost["exports"]`, "METHOD /route"},
+		{"negative cost", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"burst":20,"cost":{"POST /x":-1}}]`, `policies[0].cost["POST /x"]`, "between 0 and"},
+		{"cost over capacity", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"burst":5,"cost":{"POST /x":10}}]`, `policies[0].cost["POST /x"]`, "could never be admitted"},
+		{"bad route", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"match":{"routes":["v1/*"]}}]`, "policies[0].match.routes[0]", "starts with '/'"},
+		{"bad method", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"match":{"methods":["get"]}}]`, "policies[0].match.methods[0]", "upper case"},
+		{"repeated field", `[{"id":"a","id":"b","algorithm":"token_bucket","rate_per_sec":1}]`, "policies", `field "id" appears twice`},
+		{"not an array", `"hello"`, "policies", "not a JSON array"},
+		{"not an object", `[42]`, "policies[0]", "not a JSON object"},
+		{"malformed", `[{"id":"a",}]`, "policies", "malformed JSON"},
+		{"negative version", `[{"id":"a","version":-1,"algorithm":"token_bucket","rate_per_sec":1}]`, "policies[0].version", "must be >= 0"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ParsePolicies([]byte(c.doc))
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ErrInvalidPolicy))
+			var pe *PolicyError
+			require.ErrorAs(t, err, &pe)
+			found := false
+			for _, f := range pe.Fields {
+				if f.Path == c.path && strings.Contains(f.Msg, c.msg) {
+					found = true
+				}
+			}
+			assert.True(t, found, "want %s: ...%s..., got %v", c.path, c.msg, err)
+		})
+	}
+}
+
+func TestParseReportsEveryProblem(t *testing.T) {
+	_, err := ParsePolicies([]byte(`[{"id":"a","algorithm":"token_bucket","rate_per_sec":-1,"burst":-2,"mode":"x"}]`))
+	var pe *PolicyError
+	require.ErrorAs(t, err, &pe)
+	var paths []string
+	for _, f := range pe.Fields {
+		paths = append(paths, f.Path)
+	}
+	assert.ElementsMatch(t, []string{"policies[0].rate_per_sec", "policies[0].burst", "policies[0].mode"}, paths)
+}
+
+func TestNewRejectsUnvalidatedPolicies(t *testing.T) {
+	_, err := New(Config{}, []*Policy{{ID: "a", Algorithm: TokenBucket, RatePerSec: 1}})
+	require.ErrorIs(t, err, ErrNoPolicies)
+	p := &Policy{ID: "a", Algorithm: TokenBucket, RatePerSec: 1}
+	require.NoError(t, p.Validate())
+	_, err = New(Config{}, []*Policy{p})
+	require.NoError(t, err)
+}
+
+func TestGlobMatch(t *testing.T) {
+	cases := []struct {
+		pattern, s string
+		want       bool
+	}{
+		{"/v1/*", "/v1/orders", true},
+		{"/v1/*", "/v1/orders/7/items", true},
+		{"/v1/*", "/v1", false},
+		{"/v1/*/export", "/v1/a/b/export", true},
+		{"/v1/*/export", "/v1/a/b/exports", false},
+		{"*", "/anything", true},
+		{"/exact", "/exact", true},
+		{"/exact", "/exact/", false},
+		{"/a*b*c", "/aXbYc", true},
+		{"/a*b*c", "/aXbY", false},
+		{"/**", "/x", true},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.want, globMatch(c.pattern, c.s), "%q ~ %q", c.pattern, c.s)
+	}
+}
