@@ -33,9 +33,11 @@ const (
 //
 // Identity and idempotency: a report is identified by (region, epoch, seq).
 // seq strictly increases over every report a region publishes (also across
-// coordinator restarts and leader changes), so a receiver keeps, per region,
-// the highest seq it has applied and drops any report with a seq at or below
-// it: duplicates and stale reports change nothing.
+// coordinator restarts and leader changes; the rebalancer uses the epoch
+// number itself). Receivers key what they apply by (region, epoch): a
+// duplicate changes nothing, and a report that arrives after a later one of
+// the same region is still applied to its own epoch (reordering is normal on
+// an at-least-once bus), never dropped for its lower seq.
 //
 // Parts: a report too large for one Kafka message is split into `parts`
 // messages numbered `part` = 0 .. parts-1. Every part repeats region, epoch,
@@ -55,8 +57,7 @@ type UsageReport struct {
 	// Epoch length in milliseconds (default 10000). Required, > 0.
 	EpochMs int64 `protobuf:"varint,3,opt,name=epoch_ms,json=epochMs,proto3" json:"epoch_ms,omitempty"`
 	// Per-region sequence number, >= 1, strictly increasing over the reports a
-	// region publishes. Receivers drop reports whose seq is not above the last
-	// one they applied for the region.
+	// region publishes. Receivers dedupe by (region, epoch, seq); see above.
 	Seq int64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Index of this part, 0 <= part < parts.
 	Part int32 `protobuf:"varint,5,opt,name=part,proto3" json:"part,omitempty"`
@@ -245,8 +246,15 @@ type KeyUsage struct {
 	ShareRateMilli int64 `protobuf:"varint,6,opt,name=share_rate_milli,json=shareRateMilli,proto3" json:"share_rate_milli,omitempty"`
 	// The share burst the sender enforces now, milli cost units.
 	ShareBurstMilli int64 `protobuf:"varint,7,opt,name=share_burst_milli,json=shareBurstMilli,proto3" json:"share_burst_milli,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The growth of its rate share the sender asks for in the next epoch,
+	// milli cost units per second, >= 0. Every region that grows splits the
+	// slack in proportion to these, so regions growing at once never take
+	// more than the slack together, even when their views differ.
+	WantRateMilli int64 `protobuf:"varint,8,opt,name=want_rate_milli,json=wantRateMilli,proto3" json:"want_rate_milli,omitempty"`
+	// The growth of its burst share the sender asks for, milli cost units.
+	WantBurstMilli int64 `protobuf:"varint,9,opt,name=want_burst_milli,json=wantBurstMilli,proto3" json:"want_burst_milli,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *KeyUsage) Reset() {
@@ -328,6 +336,20 @@ func (x *KeyUsage) GetShareBurstMilli() int64 {
 	return 0
 }
 
+func (x *KeyUsage) GetWantRateMilli() int64 {
+	if x != nil {
+		return x.WantRateMilli
+	}
+	return 0
+}
+
+func (x *KeyUsage) GetWantBurstMilli() int64 {
+	if x != nil {
+		return x.WantBurstMilli
+	}
+	return 0
+}
+
 var File_quotient_v1_usage_proto protoreflect.FileDescriptor
 
 const file_quotient_v1_usage_proto_rawDesc = "" +
@@ -347,7 +369,7 @@ const file_quotient_v1_usage_proto_rawDesc = "" +
 	"\vRegionHeard\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1d\n" +
 	"\n" +
-	"last_epoch\x18\x02 \x01(\x03R\tlastEpoch\"\xff\x01\n" +
+	"last_epoch\x18\x02 \x01(\x03R\tlastEpoch\"\xd1\x02\n" +
 	"\bKeyUsage\x12\x1b\n" +
 	"\tpolicy_id\x18\x01 \x01(\tR\bpolicyId\x12\x18\n" +
 	"\asubject\x18\x02 \x01(\tR\asubject\x12\x16\n" +
@@ -355,7 +377,9 @@ const file_quotient_v1_usage_proto_rawDesc = "" +
 	"\badmitted\x18\x04 \x01(\x03R\badmitted\x122\n" +
 	"\x15smoothed_demand_milli\x18\x05 \x01(\x03R\x13smoothedDemandMilli\x12(\n" +
 	"\x10share_rate_milli\x18\x06 \x01(\x03R\x0eshareRateMilli\x12*\n" +
-	"\x11share_burst_milli\x18\a \x01(\x03R\x0fshareBurstMilliB?Z=github.com/quotientlabs/quotient/proto/quotient/v1;quotientv1b\x06proto3"
+	"\x11share_burst_milli\x18\a \x01(\x03R\x0fshareBurstMilli\x12&\n" +
+	"\x0fwant_rate_milli\x18\b \x01(\x03R\rwantRateMilli\x12(\n" +
+	"\x10want_burst_milli\x18\t \x01(\x03R\x0ewantBurstMilliB?Z=github.com/quotientlabs/quotient/proto/quotient/v1;quotientv1b\x06proto3"
 
 var (
 	file_quotient_v1_usage_proto_rawDescOnce sync.Once
