@@ -20,10 +20,11 @@ import (
 // the usage of epochs that end while it is down is lost.
 type Coordinator interface {
 	// Receive hands over a message another region's coordinator published,
-	// at now (this region's clock). The payload is shared with every other
-	// delivery of the same message (duplicates included): read it, never
-	// modify it.
-	Receive(now time.Time, msg Message)
+	// at now (this region's clock), and applies what the coordinator asks
+	// in return (a coordinator may decide an epoch as soon as its view is
+	// complete). The payload is shared with every other delivery of the
+	// same message (duplicates included): read it, never modify it.
+	Receive(now time.Time, msg Message) TickResult
 	// Tick runs at now (this region's clock). At an epoch boundary
 	// (boundary true) usage holds what the region's gateways counted since
 	// the previous boundary, one entry per policy and subject with nonzero
@@ -58,15 +59,16 @@ type ShareUpdate struct {
 	TTL        time.Duration // <= 0: no expiry
 }
 
-// TickResult is what one Tick asks of the engine.
+// TickResult is what one Tick or Receive asks of the engine.
 type TickResult struct {
 	// Publish is sent on the bus to every other region.
 	Publish []any
 	// Shares are installed in the region's store at the Tick's time.
 	Shares []ShareUpdate
 	// Wake, when not zero, asks for a wake-up Tick at that time (this
-	// region's clock) if it comes before the next epoch boundary; a
-	// coordinator uses it for its bounded wait for late reports.
+	// region's clock) if it comes after now and before the next epoch
+	// boundary; a coordinator uses it for its bounded wait for late
+	// reports. Several wake-ups may be pending; each one Ticks.
 	Wake time.Time
 }
 
@@ -97,7 +99,7 @@ type StaticCoordinator struct{}
 func NewStaticCoordinator(RegionInfo) (Coordinator, error) { return StaticCoordinator{}, nil }
 
 // Receive implements Coordinator; it ignores msg.
-func (StaticCoordinator) Receive(time.Time, Message) {}
+func (StaticCoordinator) Receive(time.Time, Message) TickResult { return TickResult{} }
 
 // Tick implements Coordinator; it asks for nothing.
 func (StaticCoordinator) Tick(time.Time, bool, []Usage) TickResult { return TickResult{} }

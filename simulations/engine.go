@@ -184,7 +184,9 @@ func (s *stream) segEnd() int64 {
 
 // next returns the first arrival after from, or -1 when the schedule stays
 // at 0 for ever. Poisson arrivals restart at every step (the process is
-// memoryless); uniform ones are evenly spaced from the step's start.
+// memoryless); uniform ones are evenly spaced in the step, half an interval
+// from its start, so a step of d seconds at rate r has exactly r*d arrivals
+// when r*d is whole.
 func (s *stream) next(from int64) int64 {
 	for {
 		end := s.segEnd()
@@ -196,7 +198,7 @@ func (s *stream) next(from int64) int64 {
 			var cand int64
 			if s.uniform {
 				s.k++
-				cand = s.segStart + int64(math.Round(float64(s.k)*float64(nsPerSec)/rate))
+				cand = s.segStart + int64(math.Round((float64(s.k)-0.5)*float64(nsPerSec)/rate))
 			} else {
 				cand = from + int64(s.rng.ExpFloat64()/rate*float64(nsPerSec))
 			}
@@ -615,10 +617,16 @@ func (e *engine) tick(at int64, r int, boundary bool) {
 	}
 	now := e.regionNow(r, at)
 	for _, m := range rs.held {
-		rs.coord.Receive(now, m)
+		e.apply(at, r, now, rs.coord.Receive(now, m))
 	}
 	rs.held = rs.held[:0]
-	res := rs.coord.Tick(now, boundary, usage)
+	e.apply(at, r, now, rs.coord.Tick(now, boundary, usage))
+}
+
+// apply carries out what region r's coordinator asked at true time at
+// (region time now): publish, install shares, schedule a wake-up.
+func (e *engine) apply(at int64, r int, now time.Time, res TickResult) {
+	rs := e.regions[r]
 	for _, payload := range res.Publish {
 		e.send(at, r, payload)
 	}
@@ -697,5 +705,6 @@ func (e *engine) deliver(at int64, slot int) {
 		rs.held = append(rs.held, m.msg)
 		return
 	}
-	rs.coord.Receive(e.regionNow(m.to, at), m.msg)
+	now := e.regionNow(m.to, at)
+	e.apply(at, m.to, now, rs.coord.Receive(now, m.msg))
 }

@@ -200,6 +200,9 @@ func (p *parser) object(path string, raw json.RawMessage, allowed ...string) map
 }
 
 func join(path, name string) string {
+	if name == "" {
+		return path + `[""]`
+	}
 	if path == "" {
 		return name
 	}
