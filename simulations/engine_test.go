@@ -391,7 +391,6 @@ func TestArrivals(t *testing.T) {
 	assert.Equal(t, int64(10*100+4*50)+demand("p", 1)+total, rep.Decisions)
 }
 
-
 func TestRunHonoursCancellation(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var seen int64
