@@ -260,11 +260,15 @@ func ParsePolicies(data []byte) ([]*Policy, error) {
 	seen := map[string]int{}
 	for i, raw := range raws {
 		path := fmt.Sprintf("policies[%d]", i)
-		pol := decodePolicy(raw, path, &p)
+		pol, typed := decodePolicy(raw, path, &p)
 		if pol == nil {
 			continue
 		}
-		pol.validate(path, &p)
+		if typed {
+			// Values of the wrong type were reported already; checking
+			// ranges of the zero values left behind would only add noise.
+			pol.validate(path, &p)
+		}
 		if pol.ID != "" {
 			if j, dup := seen[pol.ID]; dup {
 				p.add(path+".id", "duplicate id %q (also policies[%d])", pol.ID, j)
@@ -288,8 +292,8 @@ func ParsePolicy(data []byte) (*Policy, error) {
 		p.add("policy", "%v", err)
 		return nil, p.err()
 	}
-	pol := decodePolicy(data, "policy", &p)
-	if pol != nil {
+	pol, typed := decodePolicy(data, "policy", &p)
+	if pol != nil && typed {
 		pol.validate("policy", &p)
 	}
 	if err := p.err(); err != nil {
@@ -307,11 +311,15 @@ var policyFields = map[string]bool{
 
 var matchFields = map[string]bool{"tier": true, "routes": true, "methods": true}
 
-func decodePolicy(raw json.RawMessage, path string, p *problems) *Policy {
+// decodePolicy decodes the fields of one policy object, reporting unknown
+// fields and values of the wrong type. It returns the policy with every
+// field that decoded (nil when raw is not an object), and whether all values
+// had the right types.
+func decodePolicy(raw json.RawMessage, path string, p *problems) (*Policy, bool) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
 		p.add(path, "not a JSON object")
-		return nil
+		return nil, false
 	}
 	pol := &Policy{}
 	ok := true
@@ -319,7 +327,6 @@ func decodePolicy(raw json.RawMessage, path string, p *problems) *Policy {
 		val := fields[name]
 		if !policyFields[name] {
 			p.add(path+"."+name, "unknown field")
-			ok = false
 			continue
 		}
 		var target any
@@ -363,10 +370,7 @@ func decodePolicy(raw json.RawMessage, path string, p *problems) *Policy {
 			ok = false
 		}
 	}
-	if !ok {
-		return nil
-	}
-	return pol
+	return pol, ok
 }
 
 func decodeMatch(raw json.RawMessage, path string, m *Match, p *problems) bool {
