@@ -34,6 +34,29 @@ func benchPolicies(tb testing.TB) []*Policy {
 	return ps
 }
 
+// benchLimiter is a limiter on the Redis store for throughput benchmarks:
+// a deadline long enough that queueing on two cores never sends a call to
+// the fallback, and no deny cache, so every decision is a store call.
+func benchLimiter(tb testing.TB, client *redis.Client, policies []*Policy) *Limiter {
+	cfg := DefaultConfig()
+	cfg.Store = NewRedisStore(client)
+	cfg.Deadline = 10 * time.Second
+	cfg.DenyCacheMaxKeys = -1
+	cfg.EventSampleRate = -1
+	l, err := New(cfg, policies)
+	require.NoError(tb, err)
+	return l
+}
+
+// storeCheck is one Check that must be answered by the store.
+func storeCheck(l *Limiter, i int) error {
+	d, err := l.Check(context.Background(), Request{Identity: Identity{APIKey: fmt.Sprintf("key-%d", i%benchKeys)}, Method: "GET", Path: "/v1/x"})
+	if err == nil && d.Source != SourceStore {
+		err = fmt.Errorf("decision answered by %s, not the store", d.Source)
+	}
+	return err
+}
+
 func benchClient(tb testing.TB) *redis.Client {
 	srv := redistest.StartServer(tb)
 	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers})
@@ -78,18 +101,14 @@ func runParallel(tb testing.TB, n int, fn func(i int) error) (time.Duration, []t
 // decisions per second of each and their ratio (quotient / redis_rate).
 func BenchmarkCompareRedisRate(b *testing.B) {
 	client := benchClient(b)
-	l, err := New(Config{Store: NewRedisStore(client)}, benchPolicies(b))
-	require.NoError(b, err)
+	l := benchLimiter(b, client, benchPolicies(b))
 	rr := redis_rate.NewLimiter(client)
 	ctx := context.Background()
 	const perRound = 20_000
 	var qTime, rTime time.Duration
 	b.ResetTimer()
 	for round := 0; round < b.N; round++ {
-		d, _ := runParallel(b, perRound, func(i int) error {
-			_, err := l.Check(ctx, Request{Identity: Identity{APIKey: fmt.Sprintf("key-%d", i%benchKeys)}, Method: "GET", Path: "/v1/x"})
-			return err
-		})
+		d, _ := runParallel(b, perRound, func(i int) error { return storeCheck(l, i) })
 		qTime += d
 		d, _ = runParallel(b, perRound, func(i int) error {
 			_, err := rr.Allow(ctx, fmt.Sprintf("key-%d", i%benchKeys), redis_rate.PerSecond(1000))
@@ -111,13 +130,9 @@ func BenchmarkCompareRedisRate(b *testing.B) {
 // latency percentiles of one Check in microseconds.
 func BenchmarkCheckLatencyAtHalfPeak(b *testing.B) {
 	client := benchClient(b)
-	l, err := New(Config{Store: NewRedisStore(client)}, benchPolicies(b))
-	require.NoError(b, err)
+	l := benchLimiter(b, client, benchPolicies(b))
 	ctx := context.Background()
-	check := func(i int) error {
-		_, err := l.Check(ctx, Request{Identity: Identity{APIKey: fmt.Sprintf("key-%d", i%benchKeys)}, Method: "GET", Path: "/v1/x"})
-		return err
-	}
+	check := func(i int) error { return storeCheck(l, i) }
 	const peakOps = 30_000
 	peakTime, _ := runParallel(b, peakOps, check)
 	peak := float64(peakOps) / peakTime.Seconds()
