@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rebalancer"
 )
 
 // Coordinator is the seam between the engine and one region's coordinator:
@@ -70,6 +71,9 @@ type TickResult struct {
 	// boundary; a coordinator uses it for its bounded wait for late
 	// reports. Several wake-ups may be pending; each one Ticks.
 	Wake time.Time
+	// Err, when set, aborts the run as an internal error (a coordinator
+	// that cannot go on); the rest of the result is ignored.
+	Err error
 }
 
 // RegionInfo tells a new Coordinator where it runs.
@@ -82,6 +86,9 @@ type RegionInfo struct {
 	Epoch time.Duration
 	// Policies are the scenario's policies (all scope global).
 	Policies []*limiter.Policy
+	// Subject maps an encoded subject (limiter.Subject.Key) of a key the
+	// scenario's traffic uses back to the subject.
+	Subject func(encoded string) (limiter.Subject, bool)
 }
 
 // NewCoordinator builds the coordinator of one region. It may fail on a
@@ -105,8 +112,8 @@ func (StaticCoordinator) Receive(time.Time, Message) TickResult { return TickRes
 func (StaticCoordinator) Tick(time.Time, bool, []Usage) TickResult { return TickResult{} }
 
 // DefaultCoordinator builds the coordinator runs use when Options names
-// none: the best one available. Today that is the StaticCoordinator; it
-// becomes the adapter of the real rebalancer core when that lands.
+// none: the production rebalancer core with its default configuration
+// (the epoch comes from the scenario).
 func DefaultCoordinator(info RegionInfo) (Coordinator, error) {
-	return NewStaticCoordinator(info)
+	return NewRebalancerCoordinator(rebalancer.DefaultConfig())(info)
 }

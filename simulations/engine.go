@@ -347,6 +347,14 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 	e.named = e.rec.Named()
 
 	// Regions.
+	bySubject := map[string]limiter.Subject{}
+	for _, subj := range e.subjects {
+		bySubject[subj.Key()] = subj
+	}
+	lookup := func(encoded string) (limiter.Subject, bool) {
+		s, ok := bySubject[encoded]
+		return s, ok
+	}
 	epochNs := sc.EpochSec * nsPerSec
 	for r := range sc.Regions {
 		store := limiter.NewMemoryStore()
@@ -358,7 +366,7 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 		if err != nil {
 			return nil, fmt.Errorf("%w: fallback limiter: %v", ErrInternal, err)
 		}
-		coord, err := opt.NewCoordinator(RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies})
+		coord, err := opt.NewCoordinator(RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies, Subject: lookup})
 		if err != nil {
 			return nil, fmt.Errorf("%w: coordinator of %s: %v", ErrInternal, sc.Regions[r], err)
 		}
@@ -627,6 +635,12 @@ func (e *engine) tick(at int64, r int, boundary bool) {
 // (region time now): publish, install shares, schedule a wake-up.
 func (e *engine) apply(at int64, r int, now time.Time, res TickResult) {
 	rs := e.regions[r]
+	if res.Err != nil {
+		if e.err == nil {
+			e.err = fmt.Errorf("%w: coordinator of %s at %v: %v", ErrInternal, e.sc.Regions[r], now, res.Err)
+		}
+		return
+	}
 	for _, payload := range res.Publish {
 		e.send(at, r, payload)
 	}

@@ -427,3 +427,32 @@ func TestErrorMetric(t *testing.T) {
 	assert.Equal(t, 2, rep.Keys[0].Windows)
 	assert.False(t, math.IsNaN(rep.Keys[0].MeanAbsError))
 }
+
+// The production rebalancer moves the share to where the demand is, and
+// the shares the regions enforce never add up to more than the limit, at
+// every simulated second, whatever the bus does.
+func TestRebalancerSharesFollowDemandWithinTheLimit(t *testing.T) {
+	rep := run(t, loadScenario(t, "single-region"), Options{NewCoordinator: DefaultCoordinator})
+	k, ok := rep.rec.Lookup("acct-one", "pro")
+	require.True(t, ok)
+	tk := rep.rec.keys[k]
+	assert.GreaterOrEqual(t, tk.secShareMilli[0][300], 90*tk.policy.RateMilli()/100, "us-east holds most of L once shares settle")
+	assert.Less(t, rep.Worst.MaxUnder, 0.2)
+
+	for _, sc := range []*Scenario{parse(t, busy), loadScenario(t, "partition"), loadScenario(t, "coordinator-down")} {
+		rep := run(t, sc, Options{NewCoordinator: DefaultCoordinator})
+		for _, k := range rep.rec.Named() {
+			tk := rep.rec.keys[k]
+			if tk.policy.Algorithm == limiter.FixedWindow {
+				continue
+			}
+			for s := range sc.DurationSec {
+				var sum int64
+				for r := range sc.Regions {
+					sum += tk.secShareMilli[r][s]
+				}
+				require.LessOrEqual(t, sum, tk.policy.RateMilli(), "%s: %s at %d s", sc.Name, tk.key, s)
+			}
+		}
+	}
+}

@@ -22,6 +22,11 @@ var regionColors = []color.RGBA{
 	{156, 117, 95, 255}, {186, 176, 172, 255},
 }
 
+// lighten mixes c halfway to white, for fills under darker lines.
+func lighten(c color.RGBA) color.RGBA {
+	return color.RGBA{R: c.R/2 + 128, G: c.G/2 + 128, B: c.B/2 + 128, A: 255}
+}
+
 func regionColor(r int, alpha uint8) color.RGBA {
 	c := regionColors[r%len(regionColors)]
 	c.A = alpha
@@ -117,8 +122,10 @@ func (rep *Report) keyPlot(k int) (*plot.Plot, error) {
 	p.X.Min, p.X.Max = 0, float64(dur)
 	p.Y.Min = 0
 	p.Legend.Top = true
-	p.Legend.Left = false
-	p.Legend.Padding = vg.Points(2)
+	p.Legend.Left = true
+	p.Legend.XOffs = vg.Points(8)
+	p.Legend.Padding = vg.Points(1)
+	p.Legend.TextStyle.Font.Size = vg.Points(8)
 	p.Add(plotter.NewGrid())
 
 	// Stacked admitted: draw the total first, then each lower stack over it.
@@ -137,7 +144,7 @@ func (rep *Report) keyPlot(k int) (*plot.Plot, error) {
 		if err != nil {
 			return nil, err
 		}
-		l.FillColor = regionColor(r, 170)
+		l.FillColor = lighten(regionColor(r, 255))
 		l.LineStyle.Width = vg.Points(0.3)
 		l.LineStyle.Color = regionColor(r, 255)
 		p.Add(l)
@@ -158,7 +165,9 @@ func (rep *Report) keyPlot(k int) (*plot.Plot, error) {
 		l.LineStyle.Width = vg.Points(1.2)
 		l.LineStyle.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		p.Add(l)
-		p.Legend.Add("share "+sc.Regions[r], l)
+		if r == 0 {
+			p.Legend.Add("shares (dashed, region colour)", l)
+		}
 	}
 	ideal, err := plotter.NewLine(binned(running(rep.ideal[k], 0.001)))
 	if err != nil {
@@ -177,5 +186,14 @@ func (rep *Report) keyPlot(k int) (*plot.Plot, error) {
 	lim.LineStyle.Dashes = []vg.Length{vg.Points(8), vg.Points(4)}
 	p.Add(lim)
 	p.Legend.Add("limit", lim)
+	// Headroom above the data for the legend.
+	top := limit
+	for _, v := range stacks[n-1] {
+		top = max(top, v)
+	}
+	for _, v := range running(rep.ideal[k], 0.001) {
+		top = max(top, v)
+	}
+	p.Y.Max = 1.6 * top
 	return p, nil
 }
