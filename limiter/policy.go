@@ -309,8 +309,6 @@ var policyFields = map[string]bool{
 	"cost": true, "class": true, "on_store_failure": true, "mode": true, "scope": true,
 }
 
-var matchFields = map[string]bool{"tier": true, "routes": true, "methods": true}
-
 // decodePolicy decodes the fields of one policy object, reporting unknown
 // fields and values of the wrong type. It returns the policy with every
 // field that decoded (nil when raw is not an object), and whether all values
