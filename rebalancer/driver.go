@@ -1,0 +1,437 @@
+package rebalancer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/quotientlabs/quotient/shares"
+)
+
+// Clock is the driver's time source. Nil in DriverConfig means the system
+// clock. Implementations must be safe for concurrent use.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// NewTimer returns a channel that receives once, d from now, and a
+	// function that stops the timer (reporting whether it was running).
+	NewTimer(d time.Duration) (<-chan time.Time, func() bool)
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
+}
+
+// Observer receives what a Driver does, for metrics. Its methods are called
+// from the driver's goroutine, one at a time; they must not block and must
+// not keep the values' slices.
+type Observer interface {
+	// Collected is called after each collection (and publication).
+	Collected(CollectInfo)
+	// Decided is called after each decision, once its updates were
+	// written or failed to be.
+	Decided(DecideInfo)
+	// Received is called for every report taken from the bus.
+	Received(ReceiveInfo)
+}
+
+// CollectInfo describes one collection.
+type CollectInfo struct {
+	Epoch       int64         // the epoch collected
+	UsageKeys   int           // usage entries read from the source
+	ReportKeys  int           // keys in the published report (0 during warm-up)
+	Published   bool          // a report was published
+	Read        time.Duration // reading the usage
+	Publish     time.Duration // writing pending updates and publishing
+	UsageErr    error         // reading failed: the epoch was collected with no usage
+	PublishErr  error         // pending updates or the publication failed: nothing published
+	CoreKeys    int           // keys the Core holds state for
+	CoreStats   Stats         // the Core's counters after the collection
+	CollectedAt time.Time     // when the collection started
+}
+
+// DecideInfo describes one decision.
+type DecideInfo struct {
+	Decision Decision // the Core's decision (Updates included; do not keep)
+	Late     bool     // made by Collect because the epoch was not decided in time
+	// Duration is the end-to-end cost of the epoch for this region: from
+	// the start of its collection to the end of this decision's writes.
+	Duration time.Duration
+	Write    time.Duration // writing the updates
+	WriteErr error         // the updates (or earlier ones) are not all written; retried
+}
+
+// ReceiveInfo describes one report taken from the bus.
+type ReceiveInfo struct {
+	Region  string
+	Epoch   int64
+	Keys    int
+	Receipt Receipt       // valid when Err is nil
+	Err     error         // the Core rejected the report (wraps ErrReport)
+	Lag     time.Duration // from the end of the report's epoch to its receipt
+}
+
+// DriverConfig configures a Driver. Usage, Shares and Bus are required.
+type DriverConfig struct {
+	Usage  UsageSource // this region's flushed usage
+	Shares ShareSink   // this region's share records
+	Bus    Bus         // every region's reports
+	// Clock is the time source. Default: the system clock.
+	Clock Clock
+	// CollectDelay is how long after an epoch ends the driver collects it,
+	// so the gateways' last flush of the epoch (every second by default)
+	// lands first. 0 <= CollectDelay < the Core's MaxWait. Default: the
+	// smaller of 1 s and MaxWait/2.
+	CollectDelay time.Duration
+	// IOTimeout bounds each call to Usage, Shares and Bus.Publish.
+	// Default: Epoch/2.
+	IOTimeout time.Duration
+	// RetryInterval is how long the driver waits before writing failed
+	// updates again. Default: the smaller of 1 s and Epoch/10.
+	RetryInterval time.Duration
+	// Logger receives failures. Default: discard.
+	Logger *slog.Logger
+	// Observer receives what the driver does. Default: none.
+	Observer Observer
+}
+
+// Status is a snapshot of a Driver, for health checks.
+type Status struct {
+	Running        bool      // Run is running
+	Started        time.Time // when Run started
+	LastCollect    time.Time // zero until the first collection
+	LastEpoch      int64     // last epoch collected
+	LastDecision   time.Time // zero until the first decision
+	LastMode       shares.Mode
+	Unwritten      int       // updates waiting to be written again
+	LastWriteError error     // the last write failure, nil once a write succeeds
+	LastPublish    time.Time // last successful publication
+}
+
+// Driver runs a Core in real time: it owns the Core, a goroutine that
+// receives reports, and the timers of the epoch cycle (see the package
+// doc). Construct with NewDriver; call Run once. Status is safe for
+// concurrent use.
+//
+// Failure behaviour: a usage read that fails reports the epoch with no
+// usage (the region's demand looks lower, so its share can only shrink).
+// Share writes that fail are kept and retried every RetryInterval, newer
+// updates of a key replacing older ones; while any are unwritten the
+// driver publishes no report (the report would claim shares the store does
+// not hold), so the other regions hold, and after SilenceEpochs assume
+// this region at the default. A publication that fails is logged; the
+// others see an incomplete view and do not grow.
+type Driver struct {
+	core  *Core
+	cfg   DriverConfig
+	clock Clock
+	log   *slog.Logger
+	epoch time.Duration
+
+	unwritten []Update
+	retryAt   time.Time
+	cycle     time.Time // start of the current epoch's collection
+
+	mu     sync.Mutex
+	status Status
+}
+
+// NewDriver returns a driver of core. It does no I/O.
+func NewDriver(core *Core, cfg DriverConfig) (*Driver, error) {
+	if core == nil {
+		return nil, fmt.Errorf("%w: driver: core is nil", ErrConfig)
+	}
+	switch {
+	case cfg.Usage == nil:
+		return nil, fmt.Errorf("%w: driver: Usage is nil", ErrConfig)
+	case cfg.Shares == nil:
+		return nil, fmt.Errorf("%w: driver: Shares is nil", ErrConfig)
+	case cfg.Bus == nil:
+		return nil, fmt.Errorf("%w: driver: Bus is nil", ErrConfig)
+	}
+	cc := core.Config()
+	if cfg.CollectDelay == 0 {
+		cfg.CollectDelay = min(time.Second, cc.MaxWait/2)
+	}
+	if cfg.CollectDelay < 0 || cfg.CollectDelay >= cc.MaxWait {
+		return nil, fmt.Errorf("%w: driver: CollectDelay %v not in [0, MaxWait = %v)", ErrConfig, cfg.CollectDelay, cc.MaxWait)
+	}
+	if cfg.IOTimeout == 0 {
+		cfg.IOTimeout = cc.Epoch / 2
+	}
+	if cfg.IOTimeout < 0 {
+		return nil, fmt.Errorf("%w: driver: IOTimeout %v is negative", ErrConfig, cfg.IOTimeout)
+	}
+	if cfg.RetryInterval == 0 {
+		cfg.RetryInterval = min(time.Second, cc.Epoch/10)
+	}
+	if cfg.RetryInterval < 0 {
+		return nil, fmt.Errorf("%w: driver: RetryInterval %v is negative", ErrConfig, cfg.RetryInterval)
+	}
+	d := &Driver{core: core, cfg: cfg, clock: cfg.Clock, log: cfg.Logger, epoch: cc.Epoch}
+	if d.clock == nil {
+		d.clock = systemClock{}
+	}
+	if d.log == nil {
+		d.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return d, nil
+}
+
+// Status returns a snapshot.
+func (d *Driver) Status() Status {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.status
+}
+
+func (d *Driver) setStatus(f func(*Status)) {
+	d.mu.Lock()
+	f(&d.status)
+	d.mu.Unlock()
+}
+
+// Run runs the epoch cycle until ctx ends, then returns ctx.Err(). The
+// first collection is at the start of the next epoch (plus CollectDelay).
+// Run must be called at most once.
+func (d *Driver) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	now := d.clock.Now()
+	d.setStatus(func(s *Status) { s.Running, s.Started = true, now })
+	defer d.setStatus(func(s *Status) { s.Running = false })
+
+	reports := make(chan *Report, 64)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		d.receive(ctx, reports)
+	}()
+	defer wg.Wait()
+	defer cancel()
+
+	nextCollect := EpochStart(EpochOf(now, d.epoch)+1, d.epoch).Add(d.cfg.CollectDelay)
+	for {
+		now = d.clock.Now()
+		if !now.Before(nextCollect) {
+			m := d.collect(ctx, now)
+			nextCollect = EpochStart(m+2, d.epoch).Add(d.cfg.CollectDelay)
+			now = d.clock.Now()
+		}
+		if d.core.Due(now) {
+			d.decide(ctx, now)
+			now = d.clock.Now()
+		}
+		if len(d.unwritten) > 0 && !now.Before(d.retryAt) {
+			_ = d.flush(ctx)
+			now = d.clock.Now()
+		}
+		wake := nextCollect
+		if _, ok := d.core.Pending(); ok {
+			wake = earliest(wake, d.core.Deadline())
+		}
+		if len(d.unwritten) > 0 {
+			wake = earliest(wake, d.retryAt)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c, stop := d.clock.NewTimer(max(0, wake.Sub(now)))
+		select {
+		case <-ctx.Done():
+			stop()
+			return ctx.Err()
+		case r := <-reports:
+			stop()
+			d.apply(r)
+		case <-c:
+		}
+	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// receive moves reports from the bus to the Run loop until ctx ends.
+func (d *Driver) receive(ctx context.Context, out chan<- *Report) {
+	for {
+		r, err := d.cfg.Bus.Receive(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			d.log.Warn("rebalancer: receive failed", "err", err)
+			c, stop := d.clock.NewTimer(d.cfg.RetryInterval)
+			select {
+			case <-ctx.Done():
+				stop()
+				return
+			case <-c:
+			}
+			continue
+		}
+		select {
+		case out <- r:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (d *Driver) apply(r *Report) {
+	now := d.clock.Now()
+	receipt, err := d.core.Receive(r)
+	info := ReceiveInfo{Receipt: receipt, Err: err}
+	if r != nil {
+		info.Region, info.Epoch, info.Keys = r.Region, r.Epoch, len(r.Keys)
+		info.Lag = now.Sub(EpochStart(r.Epoch+1, d.epoch))
+	}
+	if err != nil {
+		d.log.Warn("rebalancer: report rejected", "err", err)
+	}
+	if d.cfg.Observer != nil {
+		d.cfg.Observer.Received(info)
+	}
+}
+
+// collect ends the epoch before now's: reads usage, calls Collect, writes
+// a late decision and publishes. It returns the epoch collected.
+func (d *Driver) collect(ctx context.Context, now time.Time) int64 {
+	m := EpochOf(now, d.epoch) - 1
+	d.cycle = now
+	info := CollectInfo{Epoch: m, CollectedAt: now}
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
+	usage, err := d.cfg.Usage.Usage(rctx, m)
+	cancel()
+	info.Read = d.clock.Now().Sub(now)
+	if err != nil {
+		info.UsageErr = err
+		usage = nil
+		d.log.Warn("rebalancer: usage read failed; collecting the epoch with no usage", "epoch", m, "err", err)
+	}
+	info.UsageKeys = len(usage)
+	pub, err := d.core.Collect(now, usage)
+	if err != nil {
+		// Only ErrEpochNotOver or ErrUsage: nothing changed.
+		d.log.Error("rebalancer: collect failed", "epoch", m, "err", err)
+		info.UsageErr = errors.Join(info.UsageErr, err)
+		d.observeCollect(info)
+		return m
+	}
+	if pub.Late != nil {
+		d.enqueue(pub.Late.Updates)
+		t0 := d.clock.Now()
+		werr := d.flush(ctx)
+		t1 := d.clock.Now()
+		d.observeDecision(*pub.Late, true, t1.Sub(now), t1.Sub(t0), werr)
+	}
+	d.setStatus(func(s *Status) { s.LastCollect, s.LastEpoch = now, m })
+	if pub.Report != nil {
+		t0 := d.clock.Now()
+		info.ReportKeys = len(pub.Report.Keys)
+		if err := d.flush(ctx); err != nil {
+			info.PublishErr = fmt.Errorf("rebalancer: report of epoch %d not published: share updates unwritten: %w", m, err)
+		} else {
+			pctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
+			err := d.cfg.Bus.Publish(pctx, pub.Report)
+			cancel()
+			if err != nil {
+				info.PublishErr = fmt.Errorf("rebalancer: publish report of epoch %d: %w", m, err)
+			} else {
+				info.Published = true
+				d.setStatus(func(s *Status) { s.LastPublish = d.clock.Now() })
+			}
+		}
+		if info.PublishErr != nil {
+			d.log.Warn("rebalancer: report not published", "epoch", m, "err", info.PublishErr)
+		}
+		info.Publish = d.clock.Now().Sub(t0)
+	}
+	d.observeCollect(info)
+	return m
+}
+
+func (d *Driver) observeCollect(info CollectInfo) {
+	if d.cfg.Observer == nil {
+		return
+	}
+	info.CoreKeys = d.core.Keys()
+	info.CoreStats = d.core.Stats()
+	d.cfg.Observer.Collected(info)
+}
+
+func (d *Driver) decide(ctx context.Context, now time.Time) {
+	dec, err := d.core.Decide(now)
+	if err != nil {
+		return // nothing pending: Due said otherwise, cannot happen
+	}
+	d.enqueue(dec.Updates)
+	t0 := d.clock.Now()
+	werr := d.flush(ctx)
+	t1 := d.clock.Now()
+	d.observeDecision(dec, false, t1.Sub(d.cycle), t1.Sub(t0), werr)
+}
+
+func (d *Driver) observeDecision(dec Decision, late bool, total, write time.Duration, werr error) {
+	d.setStatus(func(s *Status) { s.LastDecision, s.LastMode = d.clock.Now(), dec.Mode })
+	if d.cfg.Observer != nil {
+		d.cfg.Observer.Decided(DecideInfo{Decision: dec, Late: late, Duration: total, Write: write, WriteErr: werr})
+	}
+}
+
+// enqueue adds updates to the unwritten ones; a newer update of a key
+// replaces an older one.
+func (d *Driver) enqueue(ups []Update) {
+	if len(ups) == 0 {
+		return
+	}
+	if len(d.unwritten) == 0 {
+		d.unwritten = ups
+		return
+	}
+	at := make(map[Key]int, len(d.unwritten))
+	for i, u := range d.unwritten {
+		at[u.Key] = i
+	}
+	for _, u := range ups {
+		if i, ok := at[u.Key]; ok {
+			d.unwritten[i] = u
+			continue
+		}
+		at[u.Key] = len(d.unwritten)
+		d.unwritten = append(d.unwritten, u)
+	}
+}
+
+// flush writes the unwritten updates; on failure they stay for a retry.
+func (d *Driver) flush(ctx context.Context) error {
+	if len(d.unwritten) == 0 {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
+	err := d.cfg.Shares.Write(wctx, d.unwritten)
+	cancel()
+	if err != nil {
+		d.retryAt = d.clock.Now().Add(d.cfg.RetryInterval)
+		d.log.Warn("rebalancer: share write failed; retrying", "updates", len(d.unwritten), "err", err)
+	} else {
+		d.unwritten = nil
+	}
+	n := len(d.unwritten)
+	d.setStatus(func(s *Status) { s.Unwritten, s.LastWriteError = n, err })
+	return err
+}

@@ -1,0 +1,175 @@
+package kafkabus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	quotientv1 "github.com/quotientlabs/quotient/proto/quotient/v1"
+	"github.com/quotientlabs/quotient/rebalancer"
+	"github.com/quotientlabs/quotient/shares"
+)
+
+// ErrEpochMismatch is wrapped by FromProto when a report's epoch length is
+// not the receiver's: the sender numbers epochs differently, so its report
+// cannot be applied (regions must run the same --epoch).
+var ErrEpochMismatch = errors.New("kafkabus: epoch length mismatch")
+
+// ToProto converts a rebalancer report to its wire form: epoch is the epoch
+// length (a whole number of milliseconds), sent the publisher's clock (for
+// lag metrics only). r is not modified and not referenced by the result's
+// header (keys are copied).
+func ToProto(r *rebalancer.Report, epoch time.Duration, sent time.Time) *quotientv1.UsageReport {
+	p := &quotientv1.UsageReport{
+		Region: r.Region, Epoch: r.Epoch, EpochMs: epoch.Milliseconds(), Seq: r.Seq,
+		SentUnixMs: sent.UnixMilli(),
+		Heard:      make([]*quotientv1.RegionHeard, len(r.Heard)),
+		Keys:       make([]*quotientv1.KeyUsage, len(r.Keys)),
+	}
+	for i, h := range r.Heard {
+		p.Heard[i] = &quotientv1.RegionHeard{Region: h.Region, LastEpoch: h.Epoch}
+	}
+	// One backing array for every key: 100k small allocations cost more
+	// than the encoding.
+	keys := make([]quotientv1.KeyUsage, len(r.Keys))
+	for i := range r.Keys {
+		k := &r.Keys[i]
+		ku := &keys[i]
+		ku.PolicyId, ku.Subject = k.PolicyID, k.Subject
+		ku.Demand, ku.Admitted, ku.SmoothedDemandMilli = k.Demand, k.Admitted, k.SmoothedDemandMilli
+		ku.ShareRateMilli, ku.ShareBurstMilli = k.Share.RateMilli, k.Share.BurstMilli
+		ku.WantRateMilli, ku.WantBurstMilli = k.Want.RateMilli, k.Want.BurstMilli
+		p.Keys[i] = ku
+	}
+	return p
+}
+
+// FromProto converts a whole received report (as Bus.Run delivers it) to a
+// rebalancer report. It checks only what the conversion needs: the report
+// is whole (parts <= 1), has no nil entries, and its epoch_ms equals epoch
+// (else ErrEpochMismatch); the rebalancer Core validates the values.
+// Errors name the field.
+func FromProto(p *quotientv1.UsageReport, epoch time.Duration) (*rebalancer.Report, error) {
+	switch {
+	case p == nil:
+		return nil, fmt.Errorf("%w: report is nil", ErrInvalidReport)
+	case p.GetParts() > 1 || p.GetPart() != 0:
+		return nil, fmt.Errorf("%w: region %q epoch %d: part %d of %d, want a whole report", ErrInvalidReport, p.GetRegion(), p.GetEpoch(), p.GetPart(), p.GetParts())
+	case p.GetEpochMs() != epoch.Milliseconds():
+		return nil, fmt.Errorf("%w: region %q epoch %d: epoch_ms %d, this region uses %d", ErrEpochMismatch, p.GetRegion(), p.GetEpoch(), p.GetEpochMs(), epoch.Milliseconds())
+	}
+	r := &rebalancer.Report{
+		Region: p.GetRegion(), Epoch: p.GetEpoch(), Seq: p.GetSeq(),
+		Heard: make([]rebalancer.Heard, 0, len(p.GetHeard())),
+		Keys:  make([]rebalancer.KeyReport, len(p.GetKeys())),
+	}
+	for i, h := range p.GetHeard() {
+		if h == nil {
+			return nil, fmt.Errorf("%w: region %q epoch %d: heard[%d] is nil", ErrInvalidReport, p.GetRegion(), p.GetEpoch(), i)
+		}
+		r.Heard = append(r.Heard, rebalancer.Heard{Region: h.GetRegion(), Epoch: h.GetLastEpoch()})
+	}
+	for i, k := range p.GetKeys() {
+		if k == nil {
+			return nil, fmt.Errorf("%w: region %q epoch %d: keys[%d] is nil", ErrInvalidReport, p.GetRegion(), p.GetEpoch(), i)
+		}
+		r.Keys[i] = rebalancer.KeyReport{
+			Key:    rebalancer.Key{PolicyID: k.GetPolicyId(), Subject: k.GetSubject()},
+			Demand: k.GetDemand(), Admitted: k.GetAdmitted(), SmoothedDemandMilli: k.GetSmoothedDemandMilli(),
+			Share: shares.Share{RateMilli: k.GetShareRateMilli(), BurstMilli: k.GetShareBurstMilli()},
+			Want:  shares.Share{RateMilli: k.GetWantRateMilli(), BurstMilli: k.GetWantBurstMilli()},
+		}
+	}
+	return r, nil
+}
+
+// AdapterStats counts what an Adapter did.
+type AdapterStats struct {
+	Delivered int64 // reports handed to Receive
+	Rejected  int64 // reports FromProto rejected (malformed, other epoch length)
+}
+
+// Adapter makes a Bus a rebalancer.Bus: Publish converts and sends a
+// rebalancer.Report, Run consumes (Bus.Run) and converts, Receive hands
+// the converted reports out one at a time. Run must be running for Receive
+// to return reports; while nobody calls Receive, Run blocks on a small
+// buffer, which stalls the consumer (backpressure, nothing dropped).
+// Reports FromProto rejects are counted and dropped.
+//
+// Construct with NewAdapter. Publish, Receive and Stats are safe for
+// concurrent use; run one Run at a time.
+type Adapter struct {
+	bus      *Bus
+	epoch    time.Duration
+	now      func() time.Time
+	ch       chan *rebalancer.Report
+	rejected atomic.Int64
+	deliv    atomic.Int64
+	// OnReject, when set before Run, is called (from Run's goroutine) with
+	// each rejected report's error, e.g. to log it.
+	OnReject func(error)
+}
+
+var _ rebalancer.Bus = (*Adapter)(nil)
+
+// NewAdapter returns an adapter over bus for epochs of length epoch (the
+// rebalancer's Config.Epoch). now stamps sent_unix_ms; nil is time.Now.
+func NewAdapter(bus *Bus, epoch time.Duration, now func() time.Time) (*Adapter, error) {
+	if bus == nil {
+		return nil, fmt.Errorf("%w: adapter: bus is nil", ErrConfig)
+	}
+	if epoch < time.Millisecond || epoch%time.Millisecond != 0 {
+		return nil, fmt.Errorf("%w: adapter: epoch %v is not a positive whole number of milliseconds", ErrConfig, epoch)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Adapter{bus: bus, epoch: epoch, now: now, ch: make(chan *rebalancer.Report, 16)}, nil
+}
+
+// Publish implements rebalancer.Bus: it converts r and calls Bus.Publish
+// (blocking until acknowledged by all in-sync replicas, or failing).
+func (a *Adapter) Publish(ctx context.Context, r *rebalancer.Report) error {
+	if r == nil {
+		return fmt.Errorf("%w: report is nil", ErrInvalidReport)
+	}
+	return a.bus.Publish(ctx, ToProto(r, a.epoch, a.now()))
+}
+
+// Receive implements rebalancer.Bus: it returns the next converted report,
+// or ctx's error when ctx ends first.
+func (a *Adapter) Receive(ctx context.Context) (*rebalancer.Report, error) {
+	select {
+	case r := <-a.ch:
+		return r, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Run consumes with Bus.Run until ctx ends or the consumer fails, and
+// returns Bus.Run's error (ctx.Err() on cancellation).
+func (a *Adapter) Run(ctx context.Context) error {
+	return a.bus.Run(ctx, func(p *quotientv1.UsageReport) {
+		r, err := FromProto(p, a.epoch)
+		if err != nil {
+			a.rejected.Add(1)
+			if a.OnReject != nil {
+				a.OnReject(err)
+			}
+			return
+		}
+		select {
+		case a.ch <- r:
+			a.deliv.Add(1)
+		case <-ctx.Done():
+		}
+	})
+}
+
+// Stats returns the adapter's counters.
+func (a *Adapter) Stats() AdapterStats {
+	return AdapterStats{Delivered: a.deliv.Load(), Rejected: a.rejected.Load()}
+}

@@ -1,0 +1,25 @@
+// Package redisio is the rebalancer's Redis adapter: Source reads the usage
+// this region's gateways flushed (limiter.RedisUsageSink's layout, through
+// limiter.CollectUsage) as a rebalancer.UsageSource, and Sink writes this
+// region's share records (the layout limiter's script reads:
+// rl:{<subject key>}:<policy>:share, hash fields r and b in milli units) as a
+// rebalancer.ShareSink. Both work on a standalone Redis and on a Redis
+// Cluster (any redis.UniversalClient).
+//
+// What it does not do: it decides nothing (the rebalancer Core says what to
+// write and when records expire), keeps no state, starts no goroutines and
+// logs nothing. Source does not delete the usage it read: the gateways'
+// usage hashes expire by themselves a few epochs after theirs, and deleting
+// them would race with a gateway's late flush (the Core collects an epoch
+// only once, so reading it again changes nothing).
+//
+// Invariants:
+//   - A share record is written atomically with its expiry (one Lua script
+//     call per record: HSET r b, then PEXPIREAT), so a record never exists
+//     without the expiry the Core chose, even when a write fails half-way.
+//     A record the Core deletes (the default share) is removed with DEL.
+//   - Writes are pipelined in batches (Sink.BatchSize) without
+//     transactions; go-redis splits a pipeline per cluster node. Every
+//     command is idempotent, so a failed Write may simply be retried with the
+//     same updates.
+package redisio
