@@ -29,7 +29,17 @@ type Options struct {
 	// Start is the virtual time of t=0 (true time; each region's clock adds
 	// its skew). Default DefaultStart. Whole seconds only.
 	Start time.Time
+	// ColdStart starts the coordinators at t=0 with the traffic. By
+	// default they start HeadStartEpochs epochs earlier, so a run measures
+	// a running system receiving the scenario's traffic rather than a
+	// whole fleet of coordinators booting at once (a booting rebalancer
+	// stays in fallback for its warm-up epochs).
+	ColdStart bool
 }
+
+// HeadStartEpochs is how many epochs before t=0 the coordinators start
+// unless Options.ColdStart is set.
+const HeadStartEpochs = 6
 
 // ErrInternal wraps failures of the engine or of the code it drives (a
 // store or coordinator error), as opposed to bad input.
@@ -393,10 +403,13 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 			}
 		}
 		// First boundary: the first multiple of the epoch on the region's
-		// clock after the start.
+		// clock after the coordinators start.
 		clock0 := e.startNs + rs.skewNs
+		if !opt.ColdStart {
+			clock0 -= HeadStartEpochs * epochNs
+		}
 		k := clock0/epochNs + 1
-		rs.nextBoundary = k*epochNs - clock0
+		rs.nextBoundary = k*epochNs - e.startNs - rs.skewNs
 		e.events.push(rs.nextBoundary, evBoundary, r)
 		e.regions = append(e.regions, rs)
 	}

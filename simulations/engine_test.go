@@ -273,7 +273,7 @@ func TestBusAndClocks(t *testing.T) {
 		s := at.Sub(DefaultStart).Seconds()
 		assert.False(t, s >= 60 && s < 90, "a ticked at %v s while down", s)
 	}
-	assert.Len(t, log.ticks[1], 240/5, "b ticks every epoch")
+	assert.Len(t, log.ticks[1], 240/5+HeadStartEpochs, "b ticks every epoch, from the head start on")
 
 	perLink := map[[2]int]int{}
 	dups := map[[2]int]int{}
@@ -455,4 +455,15 @@ func TestRebalancerSharesFollowDemandWithinTheLimit(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestCoordinatorsStartBeforeTheTraffic(t *testing.T) {
+	sc := parse(t, minimal)
+	warm, cold := &echoLog{}, &echoLog{}
+	run(t, sc, Options{NewCoordinator: newEchoCoordinator(warm)})
+	run(t, sc, Options{NewCoordinator: newEchoCoordinator(cold), ColdStart: true})
+	epoch := time.Duration(sc.EpochSec) * time.Second
+	assert.Equal(t, DefaultStart.Add(-(HeadStartEpochs-1)*epoch), warm.ticks[0][0], "first boundary after the head start")
+	assert.Equal(t, DefaultStart.Add(epoch), cold.ticks[0][0])
+	assert.Len(t, warm.ticks[0], len(cold.ticks[0])+HeadStartEpochs)
 }

@@ -24,9 +24,10 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 	fs.SetOutput(env.stderr)
 	out := fs.String("out", "out/simulate", "folder for the outputs (summary, tables, plot per scenario)")
 	seed := fs.String("seed", "", "seed for every scenario, replacing the files' own (an integer)")
+	cold := fs.Bool("cold-start", false, "start the coordinators with the traffic at t=0 (default: they run for a few epochs before it, as in a deployed system)")
 	progress := fs.Bool("progress", isTerminal(env.stderr), "show progress on stderr (default: when stderr is a terminal)")
 	fs.Usage = func() {
-		fmt.Fprintln(env.stderr, "usage: quotient simulate [--out DIR] [--seed N] FILE...")
+		fmt.Fprintln(env.stderr, "usage: quotient simulate [--out DIR] [--seed N] [--cold-start] FILE...")
 		fmt.Fprintln(env.stderr, "\nRuns scenario files (see simulations/doc.go) in virtual time through the real limiter")
 		fmt.Fprintln(env.stderr, "and writes <name>.summary.json, .windows.csv, .seconds.csv and .svg into DIR.")
 		fmt.Fprintln(env.stderr, "Exit status: 0 all scenarios pass, 1 one misses its target, 2 bad input or internal error.")
@@ -80,7 +81,7 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 		if seedOverride != nil {
 			sc.Seed = *seedOverride
 		}
-		var opt simulations.Options
+		opt := simulations.Options{ColdStart: *cold}
 		if *progress {
 			opt.Progress = progressPrinter(env.stderr, sc.Name)
 		}
