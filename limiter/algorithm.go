@@ -36,6 +36,26 @@ type op struct {
 	limit    int64  // windows: cost units per window
 	windowMs int64  // windows: window length
 	policy   string // policy id
+	region   string // this region's name (global fixed windows)
+}
+
+// tag names the op's state in keys: the algorithm's tag, or "fg" for a
+// global (replicated) fixed window, whose state differs.
+func (o *op) tag() string {
+	if o.algo == FixedWindow && o.global {
+		return "fg"
+	}
+	return o.algo.tag()
+}
+
+// replicated reports whether o is a global fixed window: per-region counts
+// in one hash, decided on their sum.
+func (o *op) replicated() bool { return o.algo == FixedWindow && o.global }
+
+// regionCount is one region's admitted count in a replicated window.
+type regionCount struct {
+	region string
+	count  int64
 }
 
 // logEntry is one admitted request of a sliding window log.
@@ -53,10 +73,55 @@ type logEntry struct {
 //	sliding_window_counter: a = window start ms, b = current count,
 //	                        c = previous count                     ("w", "c", "p")
 //	sliding_window_log:     log (a Redis list of "ts:cost")
+//	fixed_window, global:   a = window start ms, counts per region,
+//	                        cap = this region's cap ("w", "n:<region>", "cap")
 type state struct {
 	a, b, c  int64
 	log      []logEntry
-	expireMs int64 // absolute; the key's TTL
+	counts   []regionCount // sorted by region
+	capv     int64         // -1: no cap
+	expireMs int64         // absolute; the key's TTL
+}
+
+// countOf is region's count in a replicated window.
+func (s *state) countOf(region string) int64 {
+	for _, rc := range s.counts {
+		if rc.region == region {
+			return rc.count
+		}
+	}
+	return 0
+}
+
+// total is the sum over regions of a replicated window.
+func (s *state) total() int64 {
+	var t int64
+	for _, rc := range s.counts {
+		t += rc.count
+	}
+	return t
+}
+
+// withCount returns counts with region's count set to n (a new slice).
+func withCount(counts []regionCount, region string, n int64) []regionCount {
+	out := make([]regionCount, 0, len(counts)+1)
+	done := false
+	for _, rc := range counts {
+		switch {
+		case rc.region == region:
+			out = append(out, regionCount{region, n})
+			done = true
+		case !done && rc.region > region:
+			out = append(out, regionCount{region, n}, rc)
+			done = true
+		default:
+			out = append(out, rc)
+		}
+	}
+	if !done {
+		out = append(out, regionCount{region, n})
+	}
+	return out
 }
 
 // result is one policy's answer.
@@ -101,9 +166,9 @@ func advance(o *op, st *state, nowUs, rate, burst int64) state {
 		nowMs := nowUs / 1000
 		start := nowMs - nowMs%o.windowMs
 		if st == nil || start > st.a {
-			return state{a: start, b: 0}
+			return state{a: start, capv: -1}
 		}
-		return state{a: st.a, b: st.b}
+		return state{a: st.a, b: st.b, counts: st.counts, capv: st.capv}
 	case SlidingWindowCounter:
 		nowMs := nowUs / 1000
 		start := nowMs - nowMs%o.windowMs
@@ -184,7 +249,11 @@ func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) 
 		return admit, res
 	case FixedWindow:
 		now := windowNow(o, s, nowUs)
-		admit = s.b+o.cost <= o.limit
+		if o.replicated() {
+			admit = s.total()+o.cost <= o.limit && (s.capv < 0 || s.countOf(o.region)+o.cost <= s.capv)
+		} else {
+			admit = s.b+o.cost <= o.limit
+		}
 		if !admit {
 			if o.cost > o.limit {
 				res.retryMs = -1
@@ -244,7 +313,11 @@ func consume(o *op, s state, nowUs, rate int64) state {
 	case TokenBucket, LeakyBucket:
 		s.a += ceilDiv(o.cost*nano, rate)
 	case FixedWindow, SlidingWindowCounter:
-		s.b += o.cost
+		if o.replicated() {
+			s.counts = withCount(s.counts, o.region, s.countOf(o.region)+o.cost)
+		} else {
+			s.b += o.cost
+		}
 	case SlidingWindowLog:
 		log := make([]logEntry, len(s.log), len(s.log)+1)
 		copy(log, s.log)
@@ -263,7 +336,14 @@ func report(o *op, s *state, nowUs, rate, burst int64, res *result) (ttlMs int64
 		res.resetMs = ceilDiv(s.a-nowUs, 1000)
 		return res.resetMs + 1000
 	case FixedWindow:
-		res.remaining = max(0, o.limit-s.b)
+		if o.replicated() {
+			res.remaining = max(0, o.limit-s.total())
+			if s.capv >= 0 {
+				res.remaining = min(res.remaining, max(0, s.capv-s.countOf(o.region)))
+			}
+		} else {
+			res.remaining = max(0, o.limit-s.b)
+		}
 		res.resetMs = s.a + o.windowMs - windowNow(o, s, nowUs)
 		return res.resetMs + 1000
 	case SlidingWindowCounter:

@@ -58,7 +58,7 @@ func randomPolicies(t *testing.T, rng *rand.Rand, algo Algorithm) []*Policy {
 			mode = Shadow
 		}
 		scope := ScopeRegion
-		if i == 0 && algo.isBucket() {
+		if i == 0 && (algo.isBucket() || algo == FixedWindow) {
 			scope = ScopeGlobal
 		}
 		var doc string
@@ -67,7 +67,7 @@ func randomPolicies(t *testing.T, rng *rand.Rand, algo Algorithm) []*Policy {
 			burst := float64(1+rng.IntN(10000)) / 1000
 			doc = fmt.Sprintf(`{"id":"p%d","algorithm":%q,"rate_per_sec":%g,"burst":%g,"mode":%q,"scope":%q}`, i, algo, rate, burst, mode, scope)
 		} else {
-			doc = fmt.Sprintf(`{"id":"p%d","algorithm":%q,"limit":%d,"window_s":%d,"mode":%q}`, i, algo, 1+rng.IntN(30), 1+rng.IntN(20), mode)
+			doc = fmt.Sprintf(`{"id":"p%d","algorithm":%q,"limit":%d,"window_s":%d,"mode":%q,"scope":%q}`, i, algo, 1+rng.IntN(30), 1+rng.IntN(20), mode, scope)
 		}
 		out = append(out, mustPolicy(t, doc))
 	}
@@ -78,9 +78,9 @@ func differential(t *testing.T, rng *rand.Rand, algo Algorithm, redisStore *Redi
 	ctx := context.Background()
 	policies := randomPolicies(t, rng, algo)
 	regions := 1 + rng.IntN(3)
-	lr, err := New(Config{Store: redisStore, Regions: regions}, policies)
+	lr, err := New(Config{Store: redisStore, Regions: regions, Region: "us-east"}, policies)
 	require.NoError(t, err)
-	lm, err := New(Config{Store: memStore, Regions: regions}, policies)
+	lm, err := New(Config{Store: memStore, Regions: regions, Region: "us-east"}, policies)
 	require.NoError(t, err)
 	// Subjects with bytes that must be escaped, each test run its own.
 	subjects := []Subject{
@@ -89,7 +89,10 @@ func differential(t *testing.T, rng *rand.Rand, algo Algorithm, redisStore *Redi
 		{Kind: SubjectUser, Value: t.Name() + "/ü}"},
 	}
 	var admitted, rejected, shadowRejects int
-	now := time.Now().Truncate(time.Hour).Add(time.Duration(rng.IntN(3600_000)) * time.Millisecond)
+	// Virtual time starts ahead of Redis's clock, so that replicated windows,
+	// which expire at an absolute time, never expire by Redis's clock during
+	// the test (the memory store keeps expired state, see keepExpired).
+	now := time.Now().Add(time.Hour).Add(time.Duration(rng.IntN(3600_000)) * time.Millisecond)
 	for step := range opsPerAlgorithm {
 		// Time mostly moves by a few ms, sometimes by seconds or a window,
 		// rarely backwards.
@@ -115,6 +118,22 @@ func differential(t *testing.T, rng *rand.Rand, algo Algorithm, redisStore *Redi
 			rate, burst := int64(1+rng.IntN(5000)), int64(1+rng.IntN(10000))
 			require.NoError(t, redisStore.SetShare(ctx, subj, policies[0].ID, rate, burst, 0))
 			memStore.SetShare(now, subj, policies[0].ID, rate, burst, 0)
+		}
+		if p := policies[0]; p.Scope == ScopeGlobal && p.Algorithm == FixedWindow && rng.IntN(10) == 0 {
+			// Replication from another region, or the coordinator's cap: for
+			// this window, mostly, else the previous or the next one.
+			win := p.WindowMs()
+			ws := now.UnixMilli() - now.UnixMilli()%win + win*int64(rng.IntN(3)-1)*int64(rng.IntN(2))
+			if rng.IntN(5) == 0 {
+				c := int64(rng.IntN(int(p.Limit)+2)) - 1
+				require.NoError(t, redisStore.SetWindowCap(ctx, subj, p.ID, ws, win, c))
+				memStore.SetWindowCap(now, subj, p.ID, ws, win, c)
+			} else {
+				region := []string{"eu-west", "ap-south", "us-east"}[rng.IntN(3)]
+				c := int64(rng.IntN(int(p.Limit) + 1))
+				require.NoError(t, redisStore.MergeWindowCount(ctx, subj, p.ID, ws, win, region, c))
+				memStore.MergeWindowCount(now, subj, p.ID, ws, win, region, c)
+			}
 		}
 		var cost int64
 		switch r := rng.IntN(20); {

@@ -34,6 +34,10 @@ type Config struct {
 	// a key without a share record gets 1/Regions of the global rate and
 	// burst (rounded down). Default 1.
 	Regions int
+	// Region is this region's name: replicated (global fixed-window)
+	// counts are kept per region under it. 1 to 64 of [A-Za-z0-9._-].
+	// Default "local".
+	Region string
 
 	// The resilience layer (deadline, breaker, fallback, deny cache)
 	// applies to remote stores only (any Store but the MemoryStore, which
@@ -114,6 +118,12 @@ func (c *Config) Validate() error {
 	if c.Regions < 0 || c.Regions > 64 {
 		return fmt.Errorf("limiter: config: Regions must be between 1 and 64, got %d", c.Regions)
 	}
+	if c.Region == "" {
+		c.Region = "local"
+	}
+	if !idPattern.MatchString(c.Region) {
+		return fmt.Errorf("limiter: config: Region %q must be 1 to 64 characters of A-Z a-z 0-9 . _ -", c.Region)
+	}
 	if c.Deadline == 0 {
 		c.Deadline = d.Deadline
 	}
@@ -181,6 +191,7 @@ type Limiter struct {
 	store    Store
 	clock    Clock
 	regions  int64
+	region   string
 	policies atomic.Pointer[[]*Policy]
 
 	remote   bool // the resilience layer applies
@@ -211,6 +222,7 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 		store:    cfg.Store,
 		clock:    cfg.Clock,
 		regions:  int64(cfg.Regions),
+		region:   cfg.Region,
 		remote:   !inMemory,
 		deadline: cfg.Deadline,
 		fb:       newFallback(cfg.FallbackMaxKeys, cfg.OpenFactor, cfg.Instances, cfg.Regions),
@@ -781,15 +793,16 @@ func (l *Limiter) opFor(p *Policy, cost int64) op {
 	o := op{
 		algo:     p.Algorithm,
 		enforce:  p.Mode == Enforce,
-		global:   p.Scope == ScopeGlobal && p.Algorithm.isBucket(),
+		global:   p.Scope == ScopeGlobal,
 		cost:     cost,
 		rate:     p.rateMilli,
 		burst:    p.burstMilli,
 		limit:    p.Limit,
 		windowMs: p.WindowSec * 1000,
 		policy:   p.ID,
+		region:   l.region,
 	}
-	if o.global && l.regions > 1 {
+	if o.global && o.algo.isBucket() && l.regions > 1 {
 		o.rate = max(1, o.rate/l.regions)
 		o.burst = max(1, o.burst/l.regions)
 	}

@@ -44,7 +44,7 @@ type memShard struct {
 
 type memEntry struct {
 	policy string
-	algo   Algorithm
+	tag    string
 	st     state
 }
 
@@ -97,12 +97,12 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subject string, ops
 		rate, burst := o.rate, o.burst
 		var cur *state
 		if subj != nil {
-			if o.global {
+			if o.global && !o.replicated() {
 				if s := subj.share(o.policy, nowMs); s != nil {
 					rate, burst = s.rate, s.burst
 				}
 			}
-			cur = subj.lookup(o.policy, o.algo, nowMs, m.keepExpired)
+			cur = subj.lookup(o.policy, o.tag(), nowMs, m.keepExpired)
 		}
 		s := advance(o, cur, nowUs, rate, burst)
 		admit, r := decide(o, &s, nowUs, rate, burst)
@@ -124,7 +124,7 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subject string, ops
 				subj = &memSubject{}
 				sh.subjects[subject] = subj
 			}
-			subj.store(o.policy, o.algo, final)
+			subj.store(o.policy, o.tag(), final)
 		} else {
 			report(o, &final, nowUs, rates[i], bursts[i], &res[i])
 		}
@@ -140,10 +140,10 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subject string, ops
 
 // lookup returns the live state of a policy (by its key suffix and
 // algorithm), or nil.
-func (s *memSubject) lookup(policy string, algo Algorithm, nowMs int64, keepExpired bool) *state {
+func (s *memSubject) lookup(policy, tag string, nowMs int64, keepExpired bool) *state {
 	for i := range s.entries {
 		e := &s.entries[i]
-		if e.policy == policy && e.algo == algo {
+		if e.policy == policy && e.tag == tag {
 			if e.st.expireMs <= nowMs && !keepExpired {
 				return nil
 			}
@@ -153,15 +153,15 @@ func (s *memSubject) lookup(policy string, algo Algorithm, nowMs int64, keepExpi
 	return nil
 }
 
-func (s *memSubject) store(policy string, algo Algorithm, st state) {
+func (s *memSubject) store(policy, tag string, st state) {
 	for i := range s.entries {
 		e := &s.entries[i]
-		if e.policy == policy && e.algo == algo {
+		if e.policy == policy && e.tag == tag {
 			e.st = st
 			return
 		}
 	}
-	s.entries = append(s.entries, memEntry{policy: policy, algo: algo, st: st})
+	s.entries = append(s.entries, memEntry{policy: policy, tag: tag, st: st})
 }
 
 func (s *memSubject) share(policy string, nowMs int64) *memShare {

@@ -48,8 +48,11 @@ func NewRedisStore(client redis.UniversalClient) *RedisStore {
 // Client is the underlying go-redis client.
 func (s *RedisStore) Client() redis.UniversalClient { return s.client }
 
-func algoCode(a Algorithm) int {
-	switch a {
+func algoCode(o *op) int {
+	if o.replicated() {
+		return 6
+	}
+	switch o.algo {
 	case TokenBucket:
 		return 1
 	case LeakyBucket:
@@ -66,7 +69,8 @@ func algoCode(a Algorithm) int {
 
 // StateKey is the Redis key of one policy's state for one subject.
 func StateKey(subject Subject, p *Policy) string {
-	return stateKey(subject.Key(), p.ID, p.Algorithm)
+	o := op{algo: p.Algorithm, global: p.Scope == ScopeGlobal}
+	return stateKey(subject.Key(), p.ID, o.tag())
 }
 
 // ShareKey is the Redis key of this region's share of a global policy for
@@ -75,8 +79,8 @@ func ShareKey(subject Subject, policyID string) string {
 	return shareKey(subject.Key(), policyID)
 }
 
-func stateKey(subject, policy string, algo Algorithm) string {
-	return "rl:{" + subject + "}:" + policy + ":" + algo.tag()
+func stateKey(subject, policy, tag string) string {
+	return "rl:{" + subject + "}:" + policy + ":" + tag
 }
 
 func shareKey(subject, policy string) string {
@@ -86,7 +90,7 @@ func shareKey(subject, policy string) string {
 // eval implements Store.
 func (s *RedisStore) eval(ctx context.Context, now time.Time, subject string, ops []op, res []result) (bool, error) {
 	keys := make([]string, 0, len(ops)+1)
-	args := make([]any, 0, 2+7*len(ops))
+	args := make([]any, 0, 2+8*len(ops))
 	if s.passTime {
 		args = append(args, strconv.FormatInt(now.UnixMicro(), 10))
 	} else {
@@ -95,16 +99,18 @@ func (s *RedisStore) eval(ctx context.Context, now time.Time, subject string, op
 	args = append(args, len(ops))
 	for i := range ops {
 		o := &ops[i]
-		keys = append(keys, stateKey(subject, o.policy, o.algo))
+		keys = append(keys, stateKey(subject, o.policy, o.tag()))
 		flags := 0
 		if o.enforce {
 			flags |= 1
 		}
 		if o.global {
 			flags |= 2
-			keys = append(keys, shareKey(subject, o.policy))
+			if !o.replicated() {
+				keys = append(keys, shareKey(subject, o.policy))
+			}
 		}
-		args = append(args, algoCode(o.algo), flags, o.cost, o.rate, o.burst, o.limit, o.windowMs)
+		args = append(args, algoCode(o), flags, o.cost, o.rate, o.burst, o.limit, o.windowMs, o.region)
 	}
 	v, err := evalScript.Run(ctx, s.client, keys, args...).Int64Slice()
 	if err != nil {

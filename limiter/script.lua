@@ -4,10 +4,11 @@
 --
 -- KEYS: for each op, its state key, then its share key when the op is global.
 -- ARGV[1]: '' (use Redis server TIME) or a time in µs (tests only).
--- ARGV[2]: number of ops; then 7 values per op:
---   algo (1 token, 2 leaky, 3 fixed, 4 sliding log, 5 sliding counter),
---   flags (1 enforce, 2 global), cost, rate (milli-tokens/s), burst
---   (milli-tokens), limit, window (ms).
+-- ARGV[2]: number of ops; then 8 values per op:
+--   algo (1 token, 2 leaky, 3 fixed, 4 sliding log, 5 sliding counter,
+--   6 fixed replicated across regions), flags (1 enforce, 2 global), cost,
+--   rate (milli-tokens/s), burst (milli-tokens), limit, window (ms), and this
+--   region's name (algo 6).
 -- Returns {allowed, then per op: admit, remaining, reset_ms, retry_ms, delay_ms}.
 local nowus
 if ARGV[1] ~= '' then
@@ -27,7 +28,7 @@ local allowed = 1
 
 local function nowfor(o)
   local a = o.algo
-  if a == 3 or a == 5 then
+  if a == 3 or a == 5 or a == 6 then
     if o.a > now then return o.a end
   elseif a == 4 then
     local m = #o.log
@@ -37,17 +38,17 @@ local function nowfor(o)
 end
 
 for i = 1, n do
-  local b = 2 + (i - 1) * 7
+  local b = 2 + (i - 1) * 8
   local o = {
     algo = tonumber(ARGV[b + 1]), flags = tonumber(ARGV[b + 2]),
     cost = tonumber(ARGV[b + 3]), rate = tonumber(ARGV[b + 4]),
     burst = tonumber(ARGV[b + 5]), limit = tonumber(ARGV[b + 6]),
-    win = tonumber(ARGV[b + 7]), trim = 0,
+    win = tonumber(ARGV[b + 7]), region = ARGV[b + 8], trim = 0,
   }
   o.key = KEYS[ki]
   ki = ki + 1
   o.enforce = (o.flags % 2) == 1
-  if o.flags >= 2 then
+  if o.flags >= 2 and o.algo ~= 6 then
     local sh = redis.call('HMGET', KEYS[ki], 'r', 'b')
     ki = ki + 1
     if sh[1] and sh[2] then
@@ -74,6 +75,28 @@ for i = 1, n do
     else
       o.a, o.b = tonumber(v[1]), tonumber(v[2])
     end
+  elseif algo == 6 then
+    local start = now - now % o.win
+    local raw = redis.call('HGETALL', o.key)
+    local w, cap, counts = nil, -1, {}
+    for j = 1, #raw, 2 do
+      local f, v = raw[j], raw[j + 1]
+      if f == 'w' then
+        w = tonumber(v)
+      elseif f == 'cap' then
+        cap = tonumber(v)
+      elseif string.sub(f, 1, 2) == 'n:' then
+        counts[string.sub(f, 3)] = tonumber(v)
+      end
+    end
+    if not w or start > w then
+      o.a, o.counts, o.cap, o.rolled = start, {}, -1, w ~= nil
+    else
+      o.a, o.counts, o.cap, o.rolled = w, counts, cap, false
+    end
+    o.total = 0
+    for _, c in pairs(o.counts) do o.total = o.total + c end
+    o.own = o.counts[o.region] or 0
   elseif algo == 5 then
     local start = now - now % o.win
     local v = redis.call('HMGET', o.key, 'w', 'c', 'p')
@@ -125,6 +148,11 @@ for i = 1, n do
     end
   elseif algo == 3 then
     admit = o.b + o.cost <= o.limit
+    if not admit then
+      if o.cost > o.limit then retry = -1 else retry = o.a + o.win - t end
+    end
+  elseif algo == 6 then
+    admit = o.total + o.cost <= o.limit and (o.cap < 0 or o.own + o.cost <= o.cap)
     if not admit then
       if o.cost > o.limit then retry = -1 else retry = o.a + o.win - t end
     end
@@ -185,6 +213,9 @@ for i = 1, n do
       o.a = o.a + ceil(o.cost * NANO / rate)
     elseif algo == 3 or algo == 5 then
       o.b = o.b + o.cost
+    elseif algo == 6 then
+      o.own = o.own + o.cost
+      o.total = o.total + o.cost
     elseif algo == 4 then
       o.log[#o.log + 1] = {t, o.cost}
     end
@@ -201,6 +232,16 @@ for i = 1, n do
   elseif algo == 3 then
     remaining = o.limit - o.b
     if remaining < 0 then remaining = 0 end
+    reset = o.a + o.win - t
+    ttl = reset + 1000
+  elseif algo == 6 then
+    remaining = o.limit - o.total
+    if remaining < 0 then remaining = 0 end
+    if o.cap >= 0 then
+      local r = o.cap - o.own
+      if r < 0 then r = 0 end
+      if r < remaining then remaining = r end
+    end
     reset = o.a + o.win - t
     ttl = reset + 1000
   elseif algo == 5 then
@@ -230,6 +271,9 @@ for i = 1, n do
       redis.call('HSET', o.key, 'w', o.a, 'n', o.b)
     elseif algo == 5 then
       redis.call('HSET', o.key, 'w', o.a, 'c', o.b, 'p', o.c)
+    elseif algo == 6 then
+      if o.rolled then redis.call('DEL', o.key) end
+      redis.call('HSET', o.key, 'w', o.a, 'n:' .. o.region, o.own)
     elseif algo == 4 then
       if o.trim > 0 then redis.call('LTRIM', o.key, o.trim, -1) end
       redis.call('RPUSH', o.key, string.format('%d:%d', t, o.cost))
