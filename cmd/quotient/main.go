@@ -34,6 +34,7 @@ type environment struct {
 
 func commands() map[string]command {
 	return map[string]command{
+		"gateway":  {"rate limiting reverse proxy in front of an upstream", runGateway},
 		"policy":   {"validate policy documents", runPolicy},
 		"simulate": {"run scenario files in virtual time and report global accuracy", runSimulate},
 	}

@@ -1,0 +1,264 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dunglas/httpsfv"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quotientlabs/quotient/internal/redistest"
+)
+
+// syncBuffer is an io.Writer safe for concurrent use.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var listeningRe = regexp.MustCompile(`listening on (\S+)`)
+
+// startGateway runs `quotient gateway args...` in process and returns its
+// base URL, its stderr, and a stop function that waits for exit status 0.
+func startGateway(t *testing.T, args ...string) (string, *syncBuffer, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	env := environment{stdout: stdout, stderr: stderr, lookupEnv: func(string) (string, bool) { return "", false }}
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, env, append([]string{"gateway", "--listen", "127.0.0.1:0"}, args...)) }()
+	deadline := time.Now().Add(10 * time.Second)
+	var addr string
+	for addr == "" {
+		if m := listeningRe.FindStringSubmatch(stdout.String()); m != nil {
+			addr = m[1]
+			break
+		}
+		select {
+		case code := <-done:
+			cancel()
+			t.Fatalf("gateway exited with %d: %s", code, stderr.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "gateway did not start: %s", stderr.String())
+	}
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case code := <-done:
+			assert.Equal(t, 0, code, stderr.String())
+		case <-time.After(15 * time.Second):
+			t.Error("gateway did not shut down")
+		}
+	}
+	t.Cleanup(stop)
+	return "http://" + addr, stderr, stop
+}
+
+func gwFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+	return p
+}
+
+const gatewayPolicies = `[
+ {"id":"pro-burst","match":{"tier":"pro"},"algorithm":"token_bucket","rate_per_sec":0.01,"burst":5,"class":"quota"},
+ {"id":"anon","subject":"ip","match":{"tier":"anonymous"},"algorithm":"fixed_window","limit":1000,"window_s":60},
+ {"id":"login","subject":"ip","match":{"routes":["/login"]},"algorithm":"sliding_window_log","limit":3,"window_s":60,"class":"security"}
+]`
+
+const gatewayKeys = `{"k1":{"tier":"pro","account":"acme"},"k2":{"tier":"pro","account":"acme"}}`
+
+func upstream(t *testing.T) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "hello "+r.URL.Path)
+	}))
+	t.Cleanup(up.Close)
+	return up
+}
+
+func get(t *testing.T, c *http.Client, url string, hdr map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	require.NoError(t, err)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	return resp, body
+}
+
+// TestGatewayEndToEnd runs the gateway as a user would: redis-server, a
+// plain upstream and `quotient gateway`.
+func TestGatewayEndToEnd(t *testing.T) {
+	srv := redistest.StartServer(t)
+	up := upstream(t)
+	dir := t.TempDir()
+	const timeout = 20 * time.Millisecond
+	base, _, stop := startGateway(t,
+		"--upstream", up.URL, "--redis", srv.Addr(),
+		"--policies", gwFile(t, dir, "p.json", gatewayPolicies),
+		"--keys", gwFile(t, dir, "k.json", gatewayKeys),
+		"--timeout", timeout.String(), "--region", "eu-test")
+	c := &http.Client{Timeout: 10 * time.Second}
+
+	var codes []int
+	var last *http.Response
+	var lastBody []byte
+	for range 8 {
+		resp, body := get(t, c, base+"/v1/orders", map[string]string{"X-API-Key": "k1"})
+		codes = append(codes, resp.StatusCode)
+		if resp.StatusCode == 200 {
+			assert.Equal(t, "hello /v1/orders", string(body))
+		}
+		for _, name := range []string{"RateLimit-Policy", "RateLimit"} {
+			list, err := httpsfv.UnmarshalList(resp.Header.Values(name))
+			require.NoError(t, err, "%s: %q", name, resp.Header.Values(name))
+			require.Len(t, list, 1)
+			assert.Equal(t, "pro-burst", list[0].(httpsfv.Item).Value)
+		}
+		last, lastBody = resp, body
+	}
+	assert.Equal(t, []int{200, 200, 200, 200, 200, 429, 429, 429}, codes)
+	assert.Equal(t, "application/problem+json", last.Header.Get("Content-Type"))
+	ra, err := strconv.Atoi(last.Header.Get("Retry-After"))
+	require.NoError(t, err)
+	assert.Greater(t, ra, 60, "one token at 0.01/s takes 100 s")
+	rl, err := httpsfv.UnmarshalList(last.Header.Values("RateLimit"))
+	require.NoError(t, err)
+	tv, _ := rl[0].(httpsfv.Item).Params.Get("t")
+	assert.LessOrEqual(t, tv.(int64), int64(ra), "Retry-After never earlier than the reset")
+	var prob map[string]any
+	require.NoError(t, json.Unmarshal(lastBody, &prob))
+	assert.Equal(t, float64(429), prob["status"])
+	assert.Equal(t, []any{"pro-burst"}, prob["violated-policies"])
+	for _, k := range []string{"type", "title", "detail", "instance"} {
+		assert.NotEmpty(t, prob[k], k)
+	}
+
+	resp, _ := get(t, c, base+"/metrics", nil)
+	require.Equal(t, 200, resp.StatusCode)
+
+	// Redis goes away: quota traffic keeps flowing within the deadline,
+	// security traffic is refused with 503.
+	srv.Stop()
+	for i := range 20 {
+		start := time.Now()
+		resp, _ := get(t, c, base+"/v1/orders", map[string]string{"Authorization": "Bearer k2"})
+		el := time.Since(start)
+		if i < 10 {
+			assert.Equal(t, 200, resp.StatusCode, "request %d: fails open at burst 5 x 2", i)
+		}
+		assert.Less(t, el, timeout+500*time.Millisecond, "request %d", i)
+	}
+	resp, body := get(t, c, base+"/login", nil)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, string(body))
+	assert.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+	assert.Empty(t, resp.Header.Get("RateLimit"), "security policies are not exposed")
+
+	_, metrics := get(t, c, base+"/metrics", nil)
+	assert.Contains(t, string(metrics), `quotient_limiter_decisions_total{decision="rejected",policy="pro-burst",region="eu-test",source="store"}`)
+	assert.Contains(t, string(metrics), `quotient_limiter_store_errors_total{region="eu-test"}`)
+	stop()
+}
+
+func TestGatewayReloadsPoliciesAndKeepsTheLastGood(t *testing.T) {
+	srv := redistest.StartServer(t)
+	up := upstream(t)
+	dir := t.TempDir()
+	pfile := gwFile(t, dir, "p.json", `[{"id":"tiny","subject":"ip","algorithm":"token_bucket","rate_per_sec":0.01,"burst":1}]`)
+	base, stderr, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(), "--policies", pfile,
+		"--reload-interval", "20ms", "--timeout", "1s")
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, _ := get(t, c, base+"/a", nil)
+	require.Equal(t, 200, resp.StatusCode)
+	resp, _ = get(t, c, base+"/a", nil)
+	require.Equal(t, 429, resp.StatusCode)
+
+	require.NoError(t, os.WriteFile(pfile, []byte(`[{"id":"roomy","subject":"ip","algorithm":"token_bucket","rate_per_sec":100,"burst":100}]`), 0o600))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, _ = get(t, c, base+"/a", nil)
+		if resp.StatusCode == 200 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the new policies never took effect")
+		time.Sleep(10 * time.Millisecond) // polling a real server with a deadline
+	}
+	assert.Contains(t, resp.Header.Get("RateLimit-Policy"), `"roomy"`)
+
+	require.NoError(t, os.WriteFile(pfile, []byte(`[{"id":"broken","algorithm":"token_bucket","rate_per_sec":-1}]`), 0o600))
+	for !regexp.MustCompile(`policy reload failed`).MatchString(stderr.String()) {
+		require.True(t, time.Now().Before(deadline.Add(10*time.Second)), "the bad file was never read")
+		time.Sleep(10 * time.Millisecond)
+	}
+	assert.Contains(t, stderr.String(), "rate_per_sec", "the log names the field")
+	resp, _ = get(t, c, base+"/a", nil)
+	assert.Equal(t, 200, resp.StatusCode, "the last good policies stay")
+	assert.Contains(t, resp.Header.Get("RateLimit-Policy"), `"roomy"`)
+	_, metrics := get(t, c, base+"/metrics", nil)
+	assert.Contains(t, string(metrics), `quotient_gateway_policy_reloads_total{region="local",result="error"} 1`)
+	assert.Contains(t, string(metrics), `quotient_gateway_policy_reloads_total{region="local",result="ok"} 1`)
+}
+
+func TestGatewayFlagsAndEnvironment(t *testing.T) {
+	env := func(vars map[string]string) environment {
+		return environment{stdout: io.Discard, stderr: &syncBuffer{}, lookupEnv: func(k string) (string, bool) { v, ok := vars[k]; return v, ok }}
+	}
+	e := env(nil)
+	assert.Equal(t, 2, run(context.Background(), e, []string{"gateway", "--redis", "x:1", "--policies", "p"}))
+	assert.Contains(t, e.stderr.(*syncBuffer).String(), "--upstream is required")
+
+	cfg, err := parseGatewayFlags(env(map[string]string{
+		"QUOTIENT_UPSTREAM": "http://127.0.0.1:1", "QUOTIENT_REDIS": "a:1,b:2", "QUOTIENT_POLICIES": "p.json",
+		"QUOTIENT_TRUSTED_PROXIES": "10.0.0.0/8", "QUOTIENT_TIMEOUT": "7ms",
+	}), []string{"--region", "us"})
+	require.NoError(t, err)
+	assert.Equal(t, "a:1,b:2", cfg.redis)
+	assert.Equal(t, 7*time.Millisecond, cfg.timeout)
+	assert.Equal(t, "us", cfg.region)
+	assert.Equal(t, "10.0.0.0/8", cfg.trusted)
+
+	_, err = parseGatewayFlags(env(map[string]string{"QUOTIENT_TIMEOUT": "soon"}), nil)
+	assert.ErrorContains(t, err, "QUOTIENT_TIMEOUT")
+
+	dir := t.TempDir()
+	_, err = loadKeys(gwFile(t, dir, "k.json", `{"k":{"tier":"pro","plan":"x"}}`))
+	assert.ErrorContains(t, err, "plan")
+	_, err = loadKeys(gwFile(t, dir, "k2.json", `{"k":{"account":"a"}}`))
+	assert.ErrorContains(t, err, "tier is required")
+}
