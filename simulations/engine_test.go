@@ -201,9 +201,8 @@ func (g *giveAll) Tick(_ time.Time, boundary bool, usage []Usage) TickResult {
 // echo publishes one message per epoch boundary carrying its send time and
 // records what it receives and when it ticks.
 type echo struct {
-	self     int
-	log      *echoLog
-	pendWake bool
+	self int
+	log  *echoLog
 }
 
 type sent struct {

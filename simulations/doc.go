@@ -1,0 +1,81 @@
+// Package simulations replays traffic models through Quotient's own code in
+// virtual time and measures how far the admitted traffic is from an ideal
+// global limiter. `quotient simulate` is its command; scenarios/ holds the
+// standard suite (the contract is ../shared/scenarios/FORMAT.md: input
+// fields, the ideal, the error metric, the outputs).
+//
+// # What runs
+//
+// Each region has the production limiter.Limiter over its own
+// limiter.MemoryStore (Config.Regions = n, so a key without a share record
+// gets the default L/n), called with CheckSubjectAt at the region's own
+// clock, and one Coordinator. The default Coordinator drives the production
+// rebalancer.Core (and through it package shares) exactly as a coordinator
+// driver does; its updates become share records via MemoryStore.SetShare.
+// StaticCoordinator (fixed L/n shares) is the baseline. Scenario policies
+// are parsed by limiter.ParsePolicy: they are product policy documents.
+//
+// Nothing here re-implements the limiter or the share computation. Two
+// parts are modelled in the engine because the product has no entry point
+// for them yet: the store_down fallback (see fallbackPolicy, which mirrors
+// limiter/fallback.go: the resilience layer only applies to remote stores)
+// and replicated fixed windows (issue 6): a global fixed_window policy is
+// enforced by each region on its own counts, so a region may admit the
+// whole limit.
+//
+// # The engine
+//
+// A discrete-event simulation over a binary heap ordered by (time, kind,
+// sequence): a total order, so the same scenario and seed give
+// byte-identical outputs (every map is iterated in sorted order or not at
+// all). Events: request arrivals (one stream per named key and region, one
+// per generated group whose requests draw a key by Zipf popularity and a
+// region by region_mix), epoch boundaries of each region's clock (true time
+// plus clock_skew_ms; epochs are multiples of epoch_s since the Unix
+// epoch), coordinator wake-ups (the bounded wait for late reports), bus
+// deliveries, and the end of each simulated second (shares are sampled for
+// seconds.csv, progress is reported, cancellation is checked). Time is
+// int64 nanoseconds since t=0 (DefaultStart, a UTC midnight); the limiter
+// sees milliseconds.
+//
+// Every random choice has its own *rand.Rand (PCG) seeded from the
+// scenario seed and the purpose's name: arrival times per stream, key and
+// region draws per group, the bus. Adding a stream never shifts another's
+// draws.
+//
+// Poisson arrivals restart at every step of a rate schedule (memoryless);
+// uniform arrivals are evenly spaced within each step. The bus delivers
+// each published message to every other region: lost with probability
+// loss, duplicated with probability duplicate, delayed by latency +-
+// jitter (uniform, never negative), dropped when a partition separates the
+// two regions at sending or at delivery. While a region's coordinator is
+// down it neither ticks nor receives: deliveries wait (as in Kafka) and are
+// handed over before its first boundary after the outage; the usage of
+// epochs that end meanwhile is lost. While a region's store is down its
+// requests go to an in-process fallback limiter per the policy's
+// on_store_failure (open: twice the region's default share; local: the
+// default share, one gateway instance per region; closed: rejected).
+//
+// Gateways are modelled as one per region, counting demand (every attempt)
+// and admitted cost per policy and subject; the coordinator receives the
+// epoch's counts at the boundary (the real gateways' one-second flush delay
+// is not modelled). Coordinators start HeadStartEpochs epochs before the
+// traffic unless Options.ColdStart is set.
+//
+// # Measurement
+//
+// A Recorder counts demand and admitted cost per tracked (key, policy),
+// region and second (per second and region only for named keys; per
+// evaluation window for all), computes the ideal (one token bucket full at
+// t=0 fed the global demand second by second, or a fixed window aligned to
+// the Unix epoch) and the error per window, (admitted - ideal) / allowance.
+// A Report writes <name>.summary.json, .windows.csv, .seconds.csv and .svg
+// (gonum.org/v1/plot). A live mode can feed the same Recorder from real
+// decisions and reuse every writer; it is not built yet (it needs the
+// coordinator).
+//
+// Invariants: the same scenario, seed and options give the same outputs,
+// byte for byte, except summary.json's wall_s; demand and admitted are
+// whole cost units, the ideal has at most three decimals. Not safe for
+// concurrent use within one run; separate runs share nothing.
+package simulations
