@@ -17,7 +17,8 @@ import (
 type IdentityFunc func(*http.Request) (limiter.Identity, error)
 
 // DeniedFunc writes the response to a rejected request. The rate limit
-// fields and Retry-After are already set on w.Header().
+// fields and Retry-After are already set on w.Header(). d is reused after
+// the call returns: do not keep it.
 type DeniedFunc func(w http.ResponseWriter, r *http.Request, d *limiter.Decision)
 
 // ErrorFunc writes the response when no decision could be made: err wraps
