@@ -705,7 +705,7 @@ type storeCall struct {
 // evalGroupDeadline is evalGroup with the store call bounded by the
 // deadline, whatever the store does.
 func (l *Limiter) evalGroupDeadline(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision) error {
-	return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject string, ops []op, res []result) (bool, error) {
+	return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject Subject, ops []op, res []result) (bool, error) {
 		cctx, cancel := context.WithTimeout(ctx, l.deadline)
 		c := &storeCall{ops: append([]op(nil), ops...), res: make([]result, len(res)), done: make(chan struct{})}
 		go func() {
@@ -728,29 +728,61 @@ func (l *Limiter) evalGroupDeadline(ctx context.Context, now time.Time, subj Sub
 }
 
 func (l *Limiter) evalGroup(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision) error {
-	return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject string, ops []op, res []result) (bool, error) {
-		return l.store.eval(ctx, now, subject, ops, res)
-	})
+	return l.evalGroupWith(ctx, now, subj, policies, req, d, nil)
 }
 
-func (l *Limiter) evalGroupWith(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision, eval func(context.Context, string, []op, []result) (bool, error)) error {
+func (l *Limiter) evalGroupWith(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision, eval func(context.Context, Subject, []op, []result) (bool, error)) error {
 	if len(policies) == 0 {
 		return nil
 	}
+	if ms, ok := l.store.(*MemoryStore); ok && eval == nil {
+		return l.evalInMemory(ctx, ms, now, subj, policies, &req, d)
+	}
+	ops, res := l.buildOps(make([]op, 0, len(policies)), make([]result, 0, len(policies)), policies, &req)
+	var allowed bool
+	var err error
+	if eval != nil {
+		allowed, err = eval(ctx, subj, ops, res)
+	} else {
+		allowed, err = l.store.eval(ctx, now, subj, ops, res)
+	}
+	if err != nil {
+		return err
+	}
+	l.record(d, subj, policies, ops, res, allowed)
+	return nil
+}
+
+// evalInMemory is evalGroupWith for the MemoryStore, called directly so
+// that the buffers stay on the stack (through the Store interface they
+// would escape to the heap on every decision).
+func (l *Limiter) evalInMemory(ctx context.Context, ms *MemoryStore, now time.Time, subj Subject, policies []*Policy, req *Request, d *Decision) error {
 	var opBuf [8]op
 	var resBuf [8]result
 	ops, res := opBuf[:0], resBuf[:0]
 	if len(policies) > len(opBuf) {
 		ops, res = make([]op, 0, len(policies)), make([]result, 0, len(policies))
 	}
-	for _, p := range policies {
-		ops = append(ops, l.opFor(p, costOf(p, &req)))
-		res = append(res, result{})
-	}
-	allowed, err := eval(ctx, subj.Key(), ops, res)
+	ops, res = l.buildOps(ops, res, policies, req)
+	allowed, err := ms.eval(ctx, now, subj, ops, res)
 	if err != nil {
 		return err
 	}
+	l.record(d, subj, policies, ops, res, allowed)
+	return nil
+}
+
+// buildOps appends the store operations of policies for req.
+func (l *Limiter) buildOps(ops []op, res []result, policies []*Policy, req *Request) ([]op, []result) {
+	for _, p := range policies {
+		ops = append(ops, l.opFor(p, costOf(p, req)))
+		res = append(res, result{})
+	}
+	return ops, res
+}
+
+// record appends the store's answers for one subject's policies to d.
+func (l *Limiter) record(d *Decision, subj Subject, policies []*Policy, ops []op, res []result, allowed bool) {
 	if !allowed {
 		d.Allowed = false
 	}
@@ -785,7 +817,6 @@ func (l *Limiter) evalGroupWith(ctx context.Context, now time.Time, subj Subject
 	if !d.Allowed {
 		d.Delay = 0
 	}
-	return nil
 }
 
 // opFor builds the store operation of one policy.

@@ -12,11 +12,10 @@ import (
 // (shared by all gateways of a region, decides with Redis server time) and
 // [MemoryStore] (one process, decides at the time it is given).
 type Store interface {
-	// eval evaluates ops for one subject (its encoded key) in one atomic
-	// step at now, writes the answers into res (len(res) == len(ops)), and
+	// eval evaluates ops for one subject in one atomic step at now, writes the answers into res (len(res) == len(ops)), and
 	// returns whether every enforced op admitted. An error means nothing was
 	// decided and nothing consumed.
-	eval(ctx context.Context, now time.Time, subject string, ops []op, res []result) (bool, error)
+	eval(ctx context.Context, now time.Time, subject Subject, ops []op, res []result) (bool, error)
 }
 
 const memShards = 64
@@ -38,7 +37,7 @@ type MemoryStore struct {
 
 type memShard struct {
 	mu        sync.Mutex
-	subjects  map[string]*memSubject
+	subjects  map[Subject]*memSubject
 	nextSweep int64
 }
 
@@ -64,19 +63,19 @@ type memSubject struct {
 func NewMemoryStore() *MemoryStore {
 	m := &MemoryStore{seed: maphash.MakeSeed()}
 	for i := range m.shards {
-		m.shards[i].subjects = make(map[string]*memSubject)
+		m.shards[i].subjects = make(map[Subject]*memSubject)
 	}
 	return m
 }
 
-func (m *MemoryStore) shard(subject string) *memShard {
-	return &m.shards[maphash.String(m.seed, subject)%memShards]
+func (m *MemoryStore) shard(subject Subject) *memShard {
+	return &m.shards[maphash.Comparable(m.seed, subject)%memShards]
 }
 
 const sweepEveryMs = 10_000
 
 // eval implements Store.
-func (m *MemoryStore) eval(_ context.Context, now time.Time, subject string, ops []op, res []result) (bool, error) {
+func (m *MemoryStore) eval(_ context.Context, now time.Time, subject Subject, ops []op, res []result) (bool, error) {
 	nowUs := now.UnixMicro()
 	nowMs := nowUs / 1000
 	sh := m.shard(subject)
@@ -207,15 +206,14 @@ func (sh *memShard) sweep(nowMs int64) {
 // next decision uses it; tokens above the new burst are clamped. Safe for
 // concurrent use.
 func (m *MemoryStore) SetShare(now time.Time, subject Subject, policyID string, rateMilli, burstMilli int64, ttl time.Duration) {
-	key := subject.Key()
 	nowMs := now.UnixMilli()
-	sh := m.shard(key)
+	sh := m.shard(subject)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	subj := sh.subjects[key]
+	subj := sh.subjects[subject]
 	if subj == nil {
 		subj = &memSubject{}
-		sh.subjects[key] = subj
+		sh.subjects[subject] = subj
 	}
 	val := memShare{policy: policyID, rate: rateMilli, burst: burstMilli, hasExpiry: ttl > 0, expireMs: nowMs + ttl.Milliseconds()}
 	for i := range subj.shares {

@@ -88,7 +88,8 @@ func shareKey(subject, policy string) string {
 }
 
 // eval implements Store.
-func (s *RedisStore) eval(ctx context.Context, now time.Time, subject string, ops []op, res []result) (bool, error) {
+func (s *RedisStore) eval(ctx context.Context, now time.Time, subj Subject, ops []op, res []result) (bool, error) {
+	subject := subj.Key()
 	keys := make([]string, 0, len(ops)+1)
 	args := make([]any, 0, 2+8*len(ops))
 	if s.passTime {

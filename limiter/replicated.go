@@ -118,12 +118,11 @@ func (m *MemoryStore) SetWindowCap(now time.Time, subject Subject, policyID stri
 
 // WindowCounts is RedisStore.WindowCounts for the in-memory store.
 func (m *MemoryStore) WindowCounts(now time.Time, subject Subject, policyID string) WindowCounts {
-	key := subject.Key()
-	sh := m.shard(key)
+	sh := m.shard(subject)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	wc := WindowCounts{Counts: map[string]int64{}, Cap: -1}
-	if subj := sh.subjects[key]; subj != nil {
+	if subj := sh.subjects[subject]; subj != nil {
 		if st := subj.lookup(policyID, "fg", now.UnixMilli(), m.keepExpired); st != nil {
 			wc.StartMs, wc.Cap = st.a, st.capv
 			for _, rc := range st.counts {
@@ -135,15 +134,14 @@ func (m *MemoryStore) WindowCounts(now time.Time, subject Subject, policyID stri
 }
 
 func (m *MemoryStore) mergeWindow(now time.Time, subject Subject, policyID string, windowStartMs, windowMs int64, apply func(*state)) {
-	key := subject.Key()
 	nowMs := now.UnixMilli()
-	sh := m.shard(key)
+	sh := m.shard(subject)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	subj := sh.subjects[key]
+	subj := sh.subjects[subject]
 	if subj == nil {
 		subj = &memSubject{}
-		sh.subjects[key] = subj
+		sh.subjects[subject] = subj
 	}
 	st := state{a: windowStartMs, capv: -1}
 	if cur := subj.lookup(policyID, "fg", nowMs, m.keepExpired); cur != nil {

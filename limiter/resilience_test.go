@@ -55,7 +55,7 @@ func newFlakyStore() *flakyStore {
 
 var errInjected = errors.New("injected store failure")
 
-func (f *flakyStore) eval(ctx context.Context, now time.Time, subject string, ops []op, res []result) (bool, error) {
+func (f *flakyStore) eval(ctx context.Context, now time.Time, subject Subject, ops []op, res []result) (bool, error) {
 	f.calls.Add(1)
 	if f.hang.Load() {
 		<-f.release
