@@ -60,6 +60,17 @@ type ShareUpdate struct {
 	TTL        time.Duration // <= 0: no expiry
 }
 
+// WindowCount says region Region had admitted Count cost units in the
+// window starting at WindowStartMs (Unix ms, length WindowMs) of a global
+// fixed-window policy for one subject.
+type WindowCount struct {
+	Policy                  string
+	Subject                 limiter.Subject
+	WindowStartMs, WindowMs int64
+	Region                  string
+	Count                   int64
+}
+
 // TickResult is what one Tick or Receive asks of the engine.
 type TickResult struct {
 	// Publish is sent on the bus to every other region.
@@ -71,6 +82,10 @@ type TickResult struct {
 	// boundary; a coordinator uses it for its bounded wait for late
 	// reports. Several wake-ups may be pending; each one Ticks.
 	Wake time.Time
+	// Windows are replicated fixed-window counts to merge into the
+	// region's store (limiter.MemoryStore.MergeWindowCount): the seam for
+	// the daily-quota replication of issue 6.
+	Windows []WindowCount
 	// Err, when set, aborts the run as an internal error (a coordinator
 	// that cannot go on); the rest of the result is ignored.
 	Err error
@@ -89,6 +104,63 @@ type RegionInfo struct {
 	// Subject maps an encoded subject (limiter.Subject.Key) of a key the
 	// scenario's traffic uses back to the subject.
 	Subject func(encoded string) (limiter.Subject, bool)
+	// WindowCounts reads this region's store's replicated window state
+	// of one subject and global fixed-window policy at now (what a
+	// daily-quota replicator reads from its region's Redis).
+	WindowCounts func(now time.Time, subject limiter.Subject, policyID string) limiter.WindowCounts
+}
+
+// Combine runs several coordinators in one region (the rebalancer and the
+// daily-quota replication share a coordinator process): every call goes to
+// each in order, their results are concatenated and the earliest wake-up
+// wins (the others then get an early wake-up Tick, which coordinators
+// must tolerate). Each must ignore payloads that are not its own.
+func Combine(builders ...NewCoordinator) NewCoordinator {
+	return func(info RegionInfo) (Coordinator, error) {
+		var cs combined
+		for _, b := range builders {
+			c, err := b(info)
+			if err != nil {
+				return nil, err
+			}
+			cs = append(cs, c)
+		}
+		return cs, nil
+	}
+}
+
+type combined []Coordinator
+
+func (cs combined) merge(results []TickResult) TickResult {
+	var out TickResult
+	for _, r := range results {
+		if r.Err != nil {
+			return TickResult{Err: r.Err}
+		}
+		out.Publish = append(out.Publish, r.Publish...)
+		out.Shares = append(out.Shares, r.Shares...)
+		out.Windows = append(out.Windows, r.Windows...)
+		if !r.Wake.IsZero() && (out.Wake.IsZero() || r.Wake.Before(out.Wake)) {
+			out.Wake = r.Wake
+		}
+	}
+	return out
+}
+
+func (cs combined) Receive(now time.Time, msg Message) TickResult {
+	results := make([]TickResult, len(cs))
+	for i, c := range cs {
+		results[i] = c.Receive(now, msg)
+	}
+	return cs.merge(results)
+}
+
+func (cs combined) Tick(now time.Time, boundary bool, usage []Usage) TickResult {
+	results := make([]TickResult, len(cs))
+	for i, c := range cs {
+		results[i] = c.Tick(now, boundary, usage)
+	}
+	return cs.merge(results)
 }
 
 // NewCoordinator builds the coordinator of one region. It may fail on a

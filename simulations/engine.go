@@ -368,7 +368,7 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 	epochNs := sc.EpochSec * nsPerSec
 	for r := range sc.Regions {
 		store := limiter.NewMemoryStore()
-		lim, err := limiter.New(limiter.Config{Store: store, Regions: len(sc.Regions)}, nil)
+		lim, err := limiter.New(limiter.Config{Store: store, Regions: len(sc.Regions), Region: sc.Regions[r]}, nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: limiter: %v", ErrInternal, err)
 		}
@@ -376,7 +376,8 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 		if err != nil {
 			return nil, fmt.Errorf("%w: fallback limiter: %v", ErrInternal, err)
 		}
-		coord, err := opt.NewCoordinator(RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies, Subject: lookup})
+		coord, err := opt.NewCoordinator(RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies, Subject: lookup,
+			WindowCounts: store.WindowCounts})
 		if err != nil {
 			return nil, fmt.Errorf("%w: coordinator of %s: %v", ErrInternal, sc.Regions[r], err)
 		}
@@ -666,6 +667,9 @@ func (e *engine) apply(at int64, r int, now time.Time, res TickResult) {
 			}
 			rs.shares[k] = shareRec{milli: u.RateMilli, expireNs: exp}
 		}
+	}
+	for _, w := range res.Windows {
+		rs.store.MergeWindowCount(now, w.Subject, w.Policy, w.WindowStartMs, w.WindowMs, w.Region, w.Count)
 	}
 	if !res.Wake.IsZero() {
 		w := res.Wake.UnixNano() - e.startNs - rs.skewNs

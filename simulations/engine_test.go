@@ -466,3 +466,44 @@ func TestCoordinatorsStartBeforeTheTraffic(t *testing.T) {
 	assert.Equal(t, DefaultStart.Add(epoch), cold.ticks[0][0])
 	assert.Len(t, warm.ticks[0], len(cold.ticks[0])+HeadStartEpochs)
 }
+
+// replicator is a test stand-in for the daily-quota replication (issue 6):
+// every second it publishes its region's own count of one key's replicated
+// window, and merges what it receives. It shows the seam carries what that
+// replication needs; the product's version belongs in dailyquota/.
+type replicator struct {
+	info    RegionInfo
+	subject limiter.Subject
+	policy  *limiter.Policy
+}
+
+func (r *replicator) Receive(_ time.Time, m Message) TickResult {
+	if wc, ok := m.Payload.(WindowCount); ok {
+		return TickResult{Windows: []WindowCount{wc}}
+	}
+	return TickResult{}
+}
+
+func (r *replicator) Tick(now time.Time, _ bool, _ []Usage) TickResult {
+	res := TickResult{Wake: now.Truncate(time.Second).Add(time.Second)}
+	self := r.info.Regions[r.info.Self]
+	wc := r.info.WindowCounts(now, r.subject, r.policy.ID)
+	if wc.StartMs != 0 {
+		res.Publish = []any{WindowCount{Policy: r.policy.ID, Subject: r.subject, WindowStartMs: wc.StartMs,
+			WindowMs: r.policy.WindowMs(), Region: self, Count: wc.Counts[self]}}
+	}
+	return res
+}
+
+func TestWindowReplicationSeam(t *testing.T) {
+	sc := loadScenario(t, "fixed-window-replicated")
+	alone := run(t, sc, Options{})
+	assert.Greater(t, alone.Worst.MaxOver, 1.0, "each region spends the whole limit on its own")
+
+	repl := func(info RegionInfo) (Coordinator, error) {
+		return &replicator{info: info, subject: limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "acct-day"}, policy: info.Policies[0]}, nil
+	}
+	rep := run(t, sc, Options{NewCoordinator: Combine(DefaultCoordinator, repl)})
+	assert.True(t, rep.Pass, "worst %+v", rep.Worst)
+	assert.Less(t, rep.Worst.MaxOver, 0.01)
+}
