@@ -1,0 +1,377 @@
+package kafkarepl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/quotientlabs/quotient/dailyquota"
+	"github.com/quotientlabs/quotient/internal/kafkautil"
+	quotientv1 "github.com/quotientlabs/quotient/proto/quotient/v1"
+)
+
+// DefaultTopic is the daily-quota topic (shared layout), and the local topic
+// each region publishes to in the mirrored layout.
+const DefaultTopic = "quotient.daily-quota"
+
+// Errors callers branch on.
+var (
+	// ErrConfig wraps every configuration error.
+	ErrConfig = errors.New("kafkarepl: invalid config")
+	// ErrClosed is returned by Publish after Close.
+	ErrClosed = errors.New("kafkarepl: closed")
+)
+
+// MirroredTopics returns the topics a region consumes in the MirrorMaker 2
+// layout: its local topic and "<region>.<topic>" for each remote region.
+func MirroredTopics(topic string, remoteRegions ...string) []string {
+	out := []string{topic}
+	for _, r := range remoteRegions {
+		out = append(out, r+"."+topic)
+	}
+	return out
+}
+
+// Config configures a Bus. Start from DefaultConfig.
+type Config struct {
+	// Topic Publish writes to. Default DefaultTopic.
+	Topic string
+	// ConsumeTopics are read by Run, every partition of each. Default
+	// []string{Topic}.
+	ConsumeTopics []string
+	// SkipCreateTopic: do not create Topic on first Publish.
+	SkipCreateTopic bool
+	// Partitions of a created topic. Default 12.
+	Partitions int
+	// ReplicationFactor of a created topic. Default -1 (broker default).
+	ReplicationFactor int
+	// Retention of a created topic (cleanup.policy=compact,delete).
+	// Default 72 h.
+	Retention time.Duration
+	// TopicPollInterval: how often Run looks again for a missing topic or
+	// added partitions. Default 5 s.
+	TopicPollInterval time.Duration
+	// Now is the clock for record timestamps; nil means time.Now.
+	Now func() time.Time
+}
+
+// DefaultConfig returns the defaults of the shared layout.
+func DefaultConfig() Config {
+	return Config{
+		Topic: DefaultTopic, Partitions: 12, ReplicationFactor: -1,
+		Retention: 72 * time.Hour, TopicPollInterval: 5 * time.Second,
+	}
+}
+
+// Validate fills defaults and rejects bad values, naming the field.
+func (c *Config) Validate() error {
+	d := DefaultConfig()
+	if c.Topic == "" {
+		c.Topic = d.Topic
+	}
+	if len(c.ConsumeTopics) == 0 {
+		c.ConsumeTopics = []string{c.Topic}
+	}
+	seen := map[string]bool{}
+	for i, t := range c.ConsumeTopics {
+		if t == "" {
+			return fmt.Errorf("%w: consume topics[%d] is empty", ErrConfig, i)
+		}
+		if seen[t] {
+			return fmt.Errorf("%w: consume topics: %q listed twice", ErrConfig, t)
+		}
+		seen[t] = true
+	}
+	if c.Partitions == 0 {
+		c.Partitions = d.Partitions
+	}
+	if c.ReplicationFactor == 0 {
+		c.ReplicationFactor = d.ReplicationFactor
+	}
+	if c.Retention == 0 {
+		c.Retention = d.Retention
+	}
+	if c.Retention < 0 {
+		return fmt.Errorf("%w: retention %v: must not be negative", ErrConfig, c.Retention)
+	}
+	if c.TopicPollInterval == 0 {
+		c.TopicPollInterval = d.TopicPollInterval
+	}
+	if c.TopicPollInterval < 0 {
+		return fmt.Errorf("%w: topic poll interval %v: must not be negative", ErrConfig, c.TopicPollInterval)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// Stats counts what a Bus did since New.
+type Stats struct {
+	Published int64 // records acknowledged
+	Consumed  int64 // records read
+	Malformed int64 // records that did not decode, skipped
+	Restarts  int64 // partitions restarted at their first offset (offset out of range)
+}
+
+// Bus publishes this region's counts and consumes every region's. Publish
+// and Run are safe for concurrent use. Construct with New.
+type Bus struct {
+	cfg     Config
+	cluster *kafkautil.Cluster
+	writer  *kafka.Writer
+
+	published, consumed, malformed, restarts atomic.Int64
+
+	mu      sync.Mutex
+	created bool
+	closed  bool
+}
+
+var _ dailyquota.Bus = (*Bus)(nil)
+
+// New returns a Bus on cluster (owned by the caller, closed after the Bus).
+// It does no I/O.
+func New(cluster *kafkautil.Cluster, cfg Config) (*Bus, error) {
+	if cluster == nil {
+		return nil, fmt.Errorf("%w: cluster is nil", ErrConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	w, err := cluster.NewWriter(kafkautil.DefaultWriterConfig(cfg.Topic))
+	if err != nil {
+		return nil, fmt.Errorf("kafkarepl: %w", err)
+	}
+	return &Bus{cfg: cfg, cluster: cluster, writer: w}, nil
+}
+
+// Stats returns a snapshot of the counters.
+func (b *Bus) Stats() Stats {
+	return Stats{Published: b.published.Load(), Consumed: b.consumed.Load(), Malformed: b.malformed.Load(), Restarts: b.restarts.Load()}
+}
+
+// Close flushes and closes the writer; Publish fails with ErrClosed after.
+func (b *Bus) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
+	if err := b.writer.Close(); err != nil {
+		return fmt.Errorf("kafkarepl: close writer: %w", err)
+	}
+	return nil
+}
+
+func (b *Bus) ensureTopic(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrClosed
+	}
+	if b.created || b.cfg.SkipCreateTopic {
+		return nil
+	}
+	spec := kafkautil.CompactedTopic(b.cfg.Topic, b.cfg.Partitions, b.cfg.ReplicationFactor)
+	spec.Config["cleanup.policy"] = "compact,delete"
+	spec.Config["retention.ms"] = strconv.FormatInt(b.cfg.Retention.Milliseconds(), 10)
+	if err := b.cluster.EnsureTopics(ctx, spec); err != nil {
+		return fmt.Errorf("kafkarepl: %w", err)
+	}
+	b.created = true
+	return nil
+}
+
+// RecordKey is the Kafka key (and compaction key) of a count.
+func RecordKey(k dailyquota.Key) string {
+	return k.Subject + " " + k.Policy + " " + strconv.FormatInt(k.StartMs, 10) + " " + k.Region
+}
+
+// Encode returns the record value of c.
+func Encode(c dailyquota.Count) ([]byte, error) {
+	return proto.Marshal(&quotientv1.WindowCount{
+		Subject: c.Subject, PolicyId: c.Policy, WindowStartUnixMs: c.StartMs, WindowMs: c.WindowMs,
+		Region: c.Region, Count: c.N, UpdatedUnixMs: c.UpdatedMs,
+	})
+}
+
+// Decode parses a record value; the count is not validated beyond decoding
+// (dailyquota.Accept does that).
+func Decode(v []byte) (dailyquota.Count, error) {
+	var m quotientv1.WindowCount
+	if err := proto.Unmarshal(v, &m); err != nil {
+		return dailyquota.Count{}, fmt.Errorf("kafkarepl: decode window count: %w", err)
+	}
+	return dailyquota.Count{
+		Key:      dailyquota.Key{Subject: m.GetSubject(), Policy: m.GetPolicyId(), StartMs: m.GetWindowStartUnixMs(), Region: m.GetRegion()},
+		WindowMs: m.GetWindowMs(), N: m.GetCount(), UpdatedMs: m.GetUpdatedUnixMs(),
+	}, nil
+}
+
+// Publish implements dailyquota.Bus: one record per count, blocking until
+// all are acknowledged (acks=all) or the write fails. Invalid counts are
+// refused before anything is sent.
+func (b *Bus) Publish(ctx context.Context, counts []dailyquota.Count) error {
+	if len(counts) == 0 {
+		return nil
+	}
+	now := b.cfg.Now()
+	msgs := make([]kafka.Message, len(counts))
+	for i, c := range counts {
+		if err := c.Validate(); err != nil {
+			return fmt.Errorf("kafkarepl: publish: counts[%d]: %w", i, err)
+		}
+		v, err := Encode(c)
+		if err != nil {
+			return fmt.Errorf("kafkarepl: publish: counts[%d]: %w", i, err)
+		}
+		msgs[i] = kafka.Message{Key: []byte(RecordKey(c.Key)), Value: v, Time: now}
+	}
+	if err := b.ensureTopic(ctx); err != nil {
+		return err
+	}
+	err := kafkautil.RetryUnknownTopic(ctx, kafkautil.DefaultBackoff(), func() error {
+		return b.writer.WriteMessages(ctx, msgs...)
+	})
+	if err != nil {
+		return fmt.Errorf("kafkarepl: publish %d counts to %q: %w", len(msgs), b.cfg.Topic, err)
+	}
+	b.published.Add(int64(len(msgs)))
+	return nil
+}
+
+// Run implements dailyquota.Bus: it reads every partition of every
+// consumed topic from its first offset and calls deliver with each count,
+// from Run's goroutine, one at a time. It returns ctx.Err() when ctx ends,
+// or the first reading error (after stopping every reader); the caller may
+// call Run again, which replays the topics.
+func (b *Bus) Run(ctx context.Context, deliver func(dailyquota.Count)) error {
+	if deliver == nil {
+		return fmt.Errorf("%w: deliver is nil", ErrConfig)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	recs := make(chan dailyquota.Count, 256)
+	errc := make(chan error, len(b.cfg.ConsumeTopics))
+	var wg sync.WaitGroup
+	for _, topic := range b.cfg.ConsumeTopics {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.watchTopic(ctx, topic, recs); err != nil && ctx.Err() == nil {
+				errc <- err
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer cancel()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-errc:
+			return err
+		case c := <-recs:
+			deliver(c)
+		}
+	}
+}
+
+// watchTopic waits for topic, starts a reader per partition from its first
+// offset, and keeps looking for added partitions.
+func (b *Bus) watchTopic(ctx context.Context, topic string, out chan<- dailyquota.Count) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	errc := make(chan error, 1)
+	started := map[int]bool{}
+	wait := 50 * time.Millisecond
+	for {
+		ids, err := b.cluster.Partitions(ctx, topic)
+		if err == nil {
+			for _, id := range ids {
+				if started[id] {
+					continue
+				}
+				started[id] = true
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := b.readPartition(ctx, topic, id, out); err != nil && ctx.Err() == nil {
+						select {
+						case errc <- err:
+						default:
+						}
+						cancel()
+					}
+				}()
+			}
+			wait = b.cfg.TopicPollInterval
+		} else if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// A missing topic or an unreachable cluster: look again soon.
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			select {
+			case err := <-errc:
+				return err
+			default:
+				return ctx.Err()
+			}
+		case <-t.C:
+		}
+		wait = min(2*wait, b.cfg.TopicPollInterval)
+	}
+}
+
+func (b *Bus) readPartition(ctx context.Context, topic string, partition int, out chan<- dailyquota.Count) error {
+	r, err := b.cluster.NewPartitionReader(topic, partition, kafka.FirstOffset, kafkautil.ReaderConfig{})
+	if err != nil {
+		return fmt.Errorf("kafkarepl: %w", err)
+	}
+	defer func() { _ = r.Close() }()
+	for {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, kafka.OffsetOutOfRange) {
+				if serr := r.SetOffset(kafka.FirstOffset); serr == nil {
+					b.restarts.Add(1)
+					continue
+				}
+			}
+			return fmt.Errorf("kafkarepl: read %q partition %d: %w", topic, partition, err)
+		}
+		b.consumed.Add(1)
+		if m.Value == nil {
+			continue // a tombstone: nothing to merge
+		}
+		c, err := Decode(m.Value)
+		if err != nil || !strings.HasSuffix(string(m.Key), " "+c.Region) {
+			b.malformed.Add(1)
+			continue
+		}
+		select {
+		case out <- c:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
