@@ -191,15 +191,15 @@ func WriteDenied(w http.ResponseWriter, r *http.Request, d *limiter.Decision) {
 			Type:             ProblemTemporaryReducedCapacity,
 			Title:            "Rate limiter unavailable",
 			Status:           http.StatusServiceUnavailable,
-			Detail:           fmt.Sprintf("A limit on this request cannot be checked right now; retry after %d seconds.", secs),
+			Detail:           fmt.Sprintf("A limit on this request cannot be checked right now; retry after %s.", seconds(secs)),
 			Instance:         instance(r),
 			ViolatedPolicies: violated,
 		})
 		return
 	}
-	detail := fmt.Sprintf("Rate limit exceeded; retry after %d seconds.", secs)
+	detail := fmt.Sprintf("Rate limit exceeded; retry after %s.", seconds(secs))
 	if security && len(violated) == 0 {
-		detail = fmt.Sprintf("Too many attempts; retry after %d seconds.", secs)
+		detail = fmt.Sprintf("Too many attempts; retry after %s.", seconds(secs))
 	}
 	WriteProblem(w, &Problem{
 		Type:             ProblemQuotaExceeded,
@@ -220,4 +220,12 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	w.Header().Set(HeaderRetryAfter, "1")
 	WriteProblem(w, &Problem{Type: "about:blank", Title: "Service Unavailable", Status: http.StatusServiceUnavailable, Detail: "The request could not be checked against its rate limits.", Instance: instance(r), ViolatedPolicies: []string{}})
+}
+
+// seconds spells a whole number of seconds for a problem detail.
+func seconds(n int64) string {
+	if n == 1 {
+		return "1 second"
+	}
+	return fmt.Sprintf("%d seconds", n)
 }

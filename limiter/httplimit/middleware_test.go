@@ -122,7 +122,7 @@ func TestHeadersAndProblemOn429(t *testing.T) {
 	assert.Equal(t, "Quota exceeded", prob["title"])
 	assert.Equal(t, float64(429), prob["status"])
 	assert.Equal(t, "/v1/orders", prob["instance"])
-	assert.Contains(t, prob["detail"], "retry after 1 seconds")
+	assert.Contains(t, prob["detail"], "retry after 1 second")
 	assert.Equal(t, []any{"burst"}, prob["violated-policies"])
 }
 
