@@ -54,6 +54,38 @@
 // A cost of 0 peeks: the policies are evaluated and reported, nothing is
 // consumed and nothing is written.
 //
+// # Resilience (remote stores)
+//
+// Around the RedisStore, Check adds what a gateway needs so that a failing
+// Redis never hangs or fails the API (seed design 7.4, 7.6); see Config for
+// every knob and its default:
+//
+//   - a deadline per store call (Config.Deadline, 5 ms): the call runs in
+//     its own goroutine and is abandoned when the deadline passes;
+//   - a circuit breaker (BreakerConfig: opens at 50% errors over 10 s with
+//     at least 20 calls, probes again after 5 s);
+//   - fallbacks while the store cannot answer, by each policy's
+//     on_store_failure: open (an in-process golang.org/x/time/rate bucket at
+//     twice the policy's rate and burst per gateway), local (rate and burst
+//     divided by Config.Instances), closed (rejected, FailedClosed set; the
+//     HTTP layer answers 503);
+//   - a local deny cache: a subject the store rejected is rejected in
+//     process until its retry time, with no store call (cost-aware: a
+//     rejection of cost c rejects costs >= c).
+//
+// Decision.Source says which path answered. Check never returns a store
+// error (the fallback answers); CheckSubjectAt is the raw path without any
+// of this, for the simulator and tools. The MemoryStore cannot fail and
+// skips the layer.
+//
+// # Usage of global policies
+//
+// For scope "global" policies Check counts, per policy and subject, the
+// demand (every attempt, admitted or not, deny-cache and fallback answers
+// included) and the admitted cost; a UsageFlusher writes the counts every
+// second to the region's Redis (RedisUsageSink: hashes qu:{<epoch>:<shard>})
+// and the coordinator reads one epoch's totals with CollectUsage.
+//
 // # Keys
 //
 // Every store key carries the subject as a Redis Cluster hash tag,
