@@ -1,0 +1,124 @@
+package region
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rebalancer"
+	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
+	"github.com/quotientlabs/quotient/shares"
+)
+
+// ErrConfig is wrapped by every configuration error; the message names the
+// field.
+var ErrConfig = errors.New("region: invalid config")
+
+// Config configures a Coordinator. Start from DefaultConfig and set
+// Region, Regions, RedisAddrs, KafkaBrokers and Policies.
+type Config struct {
+	// Region is this region's name; it must be one of Regions.
+	Region string
+	// Regions are every region's names, this one included; the same list
+	// in every region.
+	Regions []string
+	// Epoch is the rebalance interval, the same in every region. Default
+	// 10 s.
+	Epoch time.Duration
+	// MaxWait is how long after an epoch ends the coordinator waits for
+	// the other regions' reports. Default: the smaller of 2 s and Epoch/2.
+	MaxWait time.Duration
+	// CollectDelay is how long after an epoch ends its usage is collected
+	// (the gateways flush every second). Default: the smaller of 1 s and
+	// MaxWait/2.
+	CollectDelay time.Duration
+	// RedisAddrs are this region's Redis addresses (host:port). Several
+	// addresses, or RedisCluster, mean a Redis Cluster.
+	RedisAddrs []string
+	// RedisCluster: RedisAddrs[0] is a cluster configuration endpoint
+	// (e.g. ElastiCache cluster mode), not a standalone server.
+	RedisCluster bool
+	// UsageShards is the gateways' usage shard count. Default
+	// limiter.DefaultUsageShards.
+	UsageShards int
+	// KafkaBrokers are the Kafka bootstrap brokers (host:port).
+	KafkaBrokers []string
+	// Topic is the usage-report topic. Default kafkabus.DefaultTopic.
+	Topic string
+	// Mirrored selects the one-cluster-per-region layout (MirrorMaker 2):
+	// publish to Topic on this region's cluster, consume Topic and
+	// "<region>.<Topic>" for every other region. Default false: one shared
+	// cluster and topic.
+	Mirrored bool
+	// Listen is the HTTP server's address (/metrics, /healthz). Default
+	// ":9090".
+	Listen string
+	// Policies are the policy documents; the global bucket policies among
+	// them (scope global, token_bucket or leaky_bucket) are shared. Others
+	// are ignored. At least one global bucket policy is required.
+	Policies []*limiter.Policy
+	// ShutdownTimeout bounds the HTTP server's graceful shutdown. Default
+	// 5 s.
+	ShutdownTimeout time.Duration
+	// Logger receives the coordinator's log lines. Default: discard.
+	Logger *slog.Logger
+	// Clock is the rebalancer driver's time source. Default: system clock.
+	Clock rebalancer.Clock
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{Epoch: 10 * time.Second, Topic: kafkabus.DefaultTopic, Listen: ":9090", ShutdownTimeout: 5 * time.Second}
+}
+
+// validate fills defaults and checks the fields.
+func (c *Config) validate() error {
+	d := DefaultConfig()
+	if c.Epoch == 0 {
+		c.Epoch = d.Epoch
+	}
+	if c.Topic == "" {
+		c.Topic = d.Topic
+	}
+	if c.Listen == "" {
+		c.Listen = d.Listen
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = d.ShutdownTimeout
+	}
+	switch {
+	case len(c.RedisAddrs) == 0:
+		return fmt.Errorf("%w: RedisAddrs is empty", ErrConfig)
+	case c.RedisCluster && len(c.RedisAddrs) != 1:
+		return fmt.Errorf("%w: RedisCluster wants one configuration endpoint in RedisAddrs, got %d", ErrConfig, len(c.RedisAddrs))
+	case len(c.KafkaBrokers) == 0:
+		return fmt.Errorf("%w: KafkaBrokers is empty", ErrConfig)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("%w: ShutdownTimeout %v is negative", ErrConfig, c.ShutdownTimeout)
+	case c.UsageShards < 0:
+		return fmt.Errorf("%w: UsageShards %d is negative", ErrConfig, c.UsageShards)
+	}
+	return nil
+}
+
+// GlobalLimits returns the shared limits of the global bucket policies
+// among policies, for n regions, and how many global policies were skipped
+// because the limiter enforces no share for their algorithm (global fixed
+// windows).
+func GlobalLimits(policies []*limiter.Policy, n int) (rebalancer.PolicyMap, int) {
+	out := rebalancer.PolicyMap{}
+	skipped := 0
+	for _, p := range policies {
+		if p == nil || p.Scope != limiter.ScopeGlobal {
+			continue
+		}
+		if p.Algorithm != limiter.TokenBucket && p.Algorithm != limiter.LeakyBucket {
+			skipped++
+			continue
+		}
+		out[p.ID] = shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: n}
+	}
+	return out, skipped
+}

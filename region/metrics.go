@@ -1,0 +1,119 @@
+package region
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quotientlabs/quotient/rebalancer"
+)
+
+// metrics implements rebalancer.Observer with Prometheus collectors on
+// the Coordinator's own registry. The driver calls it from one goroutine.
+type metrics struct {
+	regions int
+
+	epochDuration *prometheus.HistogramVec // by phase
+	keys          *prometheus.GaugeVec     // by kind
+	reportLag     *prometheus.HistogramVec // by region
+	reports       *prometheus.CounterVec   // by region, receipt
+	regionsAlive  prometheus.Gauge
+	lastEpoch     *prometheus.GaugeVec // by region
+	decisions     *prometheus.CounterVec
+	updates       prometheus.Counter
+	errors        *prometheus.CounterVec // by kind
+}
+
+func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
+	m := &metrics{
+		regions: len(regions),
+		epochDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "quotient_coordinator_epoch_duration_seconds",
+			Help:    "Cost of one epoch in this region, by phase: total (collect start to the decision's writes), read (usage from Redis), publish (pending writes and the Kafka publish), write (the decision's share writes).",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2, 3, 5, 10},
+		}, []string{"phase"}),
+		keys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quotient_coordinator_keys",
+			Help: "Keys at the last epoch, by kind: usage (usage entries collected), reported (keys in the published report), state (keys the rebalancer holds), decided (keys computed at the last decision).",
+		}, []string{"kind"}),
+		reportLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "quotient_coordinator_report_lag_seconds",
+			Help:    "Time from the end of a report's epoch to its receipt here, by sending region.",
+			Buckets: []float64{.1, .25, .5, 1, 1.5, 2, 3, 5, 10, 30},
+		}, []string{"region"}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quotient_coordinator_reports_total",
+			Help: "Reports taken from Kafka, by sending region and receipt (accepted, duplicate, conflict, stale, own); invalid reports count in quotient_coordinator_errors_total{kind=\"report\"}.",
+		}, []string{"region", "receipt"}),
+		regionsAlive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "quotient_coordinator_regions_alive",
+			Help: "Regions not silent at the last decision (this one included).",
+		}),
+		lastEpoch: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quotient_coordinator_last_epoch",
+			Help: "Last epoch collected (this region) or accepted from a region's report.",
+		}, []string{"region"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quotient_coordinator_decisions_total",
+			Help: "Decisions by mode (grow, hold, fallback), and whether made late (at the next collection).",
+		}, []string{"mode", "late"}),
+		updates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quotient_coordinator_share_updates_total",
+			Help: "Share records written or deleted.",
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quotient_coordinator_errors_total",
+			Help: "Failures by kind: usage_read, publish (report not published), share_write, report (invalid report received).",
+		}, []string{"kind"}),
+	}
+	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.errors)
+	for _, k := range []string{"usage_read", "publish", "share_write", "report"} {
+		m.errors.WithLabelValues(k)
+	}
+	return m
+}
+
+var _ rebalancer.Observer = (*metrics)(nil)
+
+func (m *metrics) Collected(c rebalancer.CollectInfo) {
+	m.epochDuration.WithLabelValues("read").Observe(c.Read.Seconds())
+	m.epochDuration.WithLabelValues("publish").Observe(c.Publish.Seconds())
+	m.keys.WithLabelValues("usage").Set(float64(c.UsageKeys))
+	m.keys.WithLabelValues("reported").Set(float64(c.ReportKeys))
+	m.keys.WithLabelValues("state").Set(float64(c.CoreKeys))
+	if c.UsageErr != nil {
+		m.errors.WithLabelValues("usage_read").Inc()
+	}
+	if c.PublishErr != nil {
+		m.errors.WithLabelValues("publish").Inc()
+	}
+}
+
+func (m *metrics) Decided(d rebalancer.DecideInfo) {
+	m.epochDuration.WithLabelValues("total").Observe(d.Duration.Seconds())
+	m.epochDuration.WithLabelValues("write").Observe(d.Write.Seconds())
+	m.keys.WithLabelValues("decided").Set(float64(d.Decision.Keys))
+	m.regionsAlive.Set(float64(m.regions - len(d.Decision.Silent)))
+	m.decisions.WithLabelValues(d.Decision.Mode.String(), strconv.FormatBool(d.Late)).Inc()
+	if d.WriteErr != nil {
+		m.errors.WithLabelValues("share_write").Inc()
+	} else {
+		m.updates.Add(float64(len(d.Decision.Updates)))
+	}
+}
+
+func (m *metrics) Received(r rebalancer.ReceiveInfo) {
+	if r.Err != nil {
+		// Not labelled by region: an invalid report's region may be
+		// anything, and labels must stay bounded.
+		m.errors.WithLabelValues("report").Inc()
+		return
+	}
+	m.reports.WithLabelValues(r.Region, r.Receipt.String()).Inc()
+	if r.Receipt != rebalancer.Own {
+		m.reportLag.WithLabelValues(r.Region).Observe(r.Lag.Seconds())
+	}
+	if r.Receipt == rebalancer.Accepted || r.Receipt == rebalancer.Own {
+		m.lastEpoch.WithLabelValues(r.Region).Set(float64(r.Epoch))
+	}
+}
