@@ -34,9 +34,11 @@ type environment struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"gateway":  {"rate limiting reverse proxy in front of an upstream", runGateway},
-		"policy":   {"validate policy documents", runPolicy},
-		"simulate": {"run scenario files in virtual time and report global accuracy", runSimulate},
+		"admin":       {"call a coordinator's admin API (policies, overrides, audit, key usage)", runAdmin},
+		"gateway":     {"rate limiting reverse proxy in front of an upstream", runGateway},
+		"coordinator": {"run one region's coordinator (global shares over Kafka)", runCoordinator},
+		"policy":      {"validate policy documents", runPolicy},
+		"simulate":    {"run scenario files in virtual time and report global accuracy", runSimulate},
 	}
 }
 
