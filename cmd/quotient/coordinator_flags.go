@@ -10,22 +10,40 @@ import (
 // as environment variables; a test there checks that every setting it passes
 // is a flag defined here.
 type coordinatorConfig struct {
-	region  string        // this region's name
-	regions string        // comma list of every region, this one included
-	redis   string        // comma list of Redis addresses; several mean a cluster
-	kafka   string        // comma list of Kafka bootstrap brokers
-	listen  string        // address of the HTTP server (/metrics, /healthz)
-	epoch   time.Duration // rebalance interval
+	region       string        // this region's name
+	regions      string        // comma list of every region, this one included
+	redis        string        // comma list of Redis addresses; several mean a cluster
+	redisCluster bool          // --redis is one cluster configuration endpoint
+	kafka        string        // comma list of Kafka bootstrap brokers
+	listen       string        // address of the HTTP server (/metrics, /healthz)
+	epoch        time.Duration // rebalance interval
+	maxWait      time.Duration // wait for laggards' reports after an epoch ends
+	collectDelay time.Duration // wait for the gateways' last flush after an epoch ends
+	policies     string        // policy file (global policies are shared)
+	topic        string        // usage-report topic
+	mirrored     bool          // one Kafka cluster per region, mirrored with MirrorMaker 2
+	usageShards  int           // the gateways' usage shard count
+	logLevel     string        // debug, info, warn, error
 }
 
 // coordinatorFlagSet defines the flags of `quotient coordinator` on cfg.
+// A usage text containing "(required)" marks a setting every deployment
+// must pass (terraform_env_test.go checks that deploy/terraform does).
 func coordinatorFlagSet(cfg *coordinatorConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 	fs.StringVar(&cfg.region, "region", "", "this region's name (required)")
 	fs.StringVar(&cfg.regions, "regions", "", "comma-separated names of every region, this one included (required)")
 	fs.StringVar(&cfg.redis, "redis", "127.0.0.1:6379", "comma-separated Redis addresses of this region; several mean a Redis Cluster")
+	fs.BoolVar(&cfg.redisCluster, "redis-cluster", false, "--redis is a single Redis Cluster configuration endpoint (e.g. ElastiCache cluster mode)")
 	fs.StringVar(&cfg.kafka, "kafka", "127.0.0.1:9092", "comma-separated Kafka bootstrap brokers")
 	fs.StringVar(&cfg.listen, "listen", ":9090", "address of the HTTP server for /metrics and /healthz")
 	fs.DurationVar(&cfg.epoch, "epoch", 10*time.Second, "rebalance interval; epochs are aligned to multiples of it since the Unix epoch")
+	fs.DurationVar(&cfg.maxWait, "max-wait", 0, "how long after an epoch ends to wait for the other regions' reports (default min(2s, epoch/2))")
+	fs.DurationVar(&cfg.collectDelay, "collect-delay", 0, "how long after an epoch ends to collect its usage, so the gateways' last flush lands (default min(1s, max-wait/2))")
+	fs.StringVar(&cfg.policies, "policies", "", "JSON policy file, the gateways' own; its scope:global bucket policies are shared (must be set until issue 7 distributes policies)")
+	fs.StringVar(&cfg.topic, "topic", "quotient.usage", "Kafka topic of usage reports")
+	fs.BoolVar(&cfg.mirrored, "mirrored", false, "one Kafka cluster per region mirrored with MirrorMaker 2: also consume <region>.<topic> for every other region")
+	fs.IntVar(&cfg.usageShards, "usage-shards", 16, "usage shard hashes per epoch; must match the gateways")
+	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return fs
 }
