@@ -511,6 +511,29 @@ func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Sub
 	return d, nil
 }
 
+// CheckSubjectFallbackAt answers the given policies for one subject at now
+// as Check does while the store cannot answer: each policy's
+// on_store_failure decides (open and local through in-process limiters at
+// now, closed rejects with FailedClosed set). Like CheckSubjectAt it skips
+// usage counting, metrics and events. The simulator uses it to model a
+// store outage with the production fallback code.
+func (l *Limiter) CheckSubjectFallbackAt(now time.Time, subject Subject, policies []*Policy, cost int64) (Decision, error) {
+	for i, p := range policies {
+		if p == nil || !p.validated {
+			return Decision{}, fmt.Errorf("%w: policies[%d]", ErrNoPolicies, i)
+		}
+	}
+	var costBuf [8]int64
+	costs := costBuf[:0]
+	for range policies {
+		costs = append(costs, cost)
+	}
+	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(policies))}
+	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
+	d.Allowed = l.fb.decide(now, subject, policies, costs, closedRetry, d.Policies)
+	return d, nil
+}
+
 // costOf is the cost req charges under p.
 func costOf(p *Policy, req *Request) int64 {
 	switch {

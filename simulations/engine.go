@@ -121,10 +121,6 @@ func (h *eventHeap) pop() event {
 type call struct {
 	subject  limiter.Subject
 	policies []*limiter.Policy
-	// fallback are the in-process policies used while the store is down;
-	// closed is set when an enforced policy of the call fails closed.
-	fallback []*limiter.Policy
-	closed   bool
 }
 
 type keyState struct {
@@ -152,7 +148,6 @@ type regionState struct {
 	skewNs       int64
 	store        *limiter.MemoryStore
 	lim          *limiter.Limiter
-	fallback     *limiter.Limiter
 	coord        Coordinator
 	coordDown    []interval
 	storeDown    []interval
@@ -290,14 +285,6 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 	for _, p := range sc.Policies {
 		policies[p.ID] = p
 	}
-	fallbacks := map[string]*limiter.Policy{}
-	for _, p := range sc.Policies {
-		fb, err := fallbackPolicy(p, len(sc.Regions))
-		if err != nil {
-			return nil, fmt.Errorf("%w: fallback of policy %q: %v", ErrInternal, p.ID, err)
-		}
-		fallbacks[p.ID] = fb
-	}
 
 	// Traffic: keys, their tracked (key, policy) pairs and limiter calls.
 	for i := range sc.Traffic {
@@ -337,10 +324,6 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 					c = len(ks.calls) - 1
 				}
 				ks.calls[c].policies = append(ks.calls[c].policies, p)
-				ks.calls[c].fallback = append(ks.calls[c].fallback, fallbacks[id])
-				if p.OnStoreFailure == limiter.FailClosed && p.Mode == limiter.Enforce {
-					ks.calls[c].closed = true
-				}
 			}
 		}
 		e.entries = append(e.entries, es)
@@ -372,10 +355,6 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 		if err != nil {
 			return nil, fmt.Errorf("%w: limiter: %v", ErrInternal, err)
 		}
-		fb, err := limiter.New(limiter.Config{Store: limiter.NewMemoryStore()}, nil)
-		if err != nil {
-			return nil, fmt.Errorf("%w: fallback limiter: %v", ErrInternal, err)
-		}
 		coord, err := opt.NewCoordinator(RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies, Subject: lookup,
 			WindowCounts: store.WindowCounts})
 		if err != nil {
@@ -385,7 +364,6 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 			skewNs:      sc.ClockSkewMs[r] * int64(time.Millisecond),
 			store:       store,
 			lim:         lim,
-			fallback:    fb,
 			coord:       coord,
 			usageDemand: make([]int64, len(e.rec.keys)),
 			usageAdmit:  make([]int64, len(e.rec.keys)),
@@ -432,30 +410,6 @@ func (e *engine) newStream(entry, region int, steps []Step, arr Arrivals) stream
 		s.seg = 0
 	}
 	return s
-}
-
-// fallbackPolicy is the in-process policy a region uses for p while its
-// store is down. It mirrors the limiter's fallback rules (limiter/fallback.go,
-// seed design 7.6), which the engine cannot reach through a MemoryStore:
-// the base is the region's default share of a global bucket (rate and
-// burst / regions) or, for a window, the bucket of rate limit/window_s and
-// burst limit; open multiplies it by 2 (the default OpenFactor), local
-// divides it by the gateway instances (the engine runs one per region);
-// closed rejects and is handled by the caller.
-func fallbackPolicy(p *limiter.Policy, regions int) (*limiter.Policy, error) {
-	fb := &limiter.Policy{ID: p.ID, Algorithm: limiter.TokenBucket, Subject: p.Subject, Mode: p.Mode, Scope: limiter.ScopeRegion}
-	var rate, burst float64
-	if p.Algorithm == limiter.FixedWindow {
-		rate, burst = float64(p.Limit)/float64(p.WindowSec), float64(p.Limit)
-	} else {
-		rate, burst = float64(p.RateMilli())/1000/float64(regions), float64(p.BurstMilli())/1000/float64(regions)
-	}
-	if p.OnStoreFailure != limiter.FailLocal {
-		rate, burst = 2*rate, 2*burst
-	}
-	fb.RatePerSec = max(0.001, math.Floor(rate*1000)/1000)
-	fb.Burst = max(1, math.Floor(burst))
-	return fb, fb.Validate()
 }
 
 func zipfCDF(n int, s float64) []float64 {
@@ -588,11 +542,9 @@ func (e *engine) decide(at int64, region int, es *entryState, key int) {
 		var d limiter.Decision
 		var err error
 		switch {
-		case storeDown && c.closed:
-			allowed = false
-			continue
 		case storeDown:
-			d, err = rs.fallback.CheckSubjectAt(e.ctx, now, c.subject, c.fallback, cost)
+			// The production fallback: each policy's on_store_failure.
+			d, err = rs.lim.CheckSubjectFallbackAt(now, c.subject, c.policies, cost)
 		default:
 			d, err = rs.lim.CheckSubjectAt(e.ctx, now, c.subject, c.policies, cost)
 		}
