@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/quotientlabs/quotient/internal/redistest"
+)
+
+func coordinatorEnvOf(vars map[string]string) (environment, *syncBuffer) {
+	errb := &syncBuffer{}
+	return environment{stdout: io.Discard, stderr: errb, lookupEnv: func(k string) (string, bool) { v, ok := vars[k]; return v, ok }}, errb
+}
+
+func writePolicies(t *testing.T, body string) string {
+	path := filepath.Join(t.TempDir(), "policies.json")
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o644))
+	return path
+}
+
+const globalPolicy = `[{"id":"g","algorithm":"token_bucket","rate_per_sec":100,"scope":"global"}]`
+
+// TestCoordinatorBadInput: every bad flag, environment value or policy
+// file exits 2 with a message naming what was wrong.
+func TestCoordinatorBadInput(t *testing.T) {
+	good := writePolicies(t, globalPolicy)
+	bad := writePolicies(t, `[{"id":"g","algorithm":"token_bucket","rate_per_sec":-1,"scope":"global"}]`)
+	regional := writePolicies(t, `[{"id":"r","algorithm":"token_bucket","rate_per_sec":1}]`)
+	base := []string{"--region", "a", "--regions", "a,b", "--listen", "127.0.0.1:0"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"no region", []string{"--regions", "a", "--policies", good}, nil, "--region is required"},
+		{"no regions", []string{"--region", "a", "--policies", good}, nil, "--regions is required"},
+		{"no policies", base, nil, "--policies is required"},
+		{"missing file", append(base, "--policies", "/nonexistent/p.json"), nil, "--policies: open /nonexistent/p.json"},
+		{"bad policy", append(base, "--policies", bad), nil, "policies[0].rate_per_sec"},
+		{"no global policy", append(base, "--policies", regional), nil, "no global token_bucket or leaky_bucket policy"},
+		{"region not listed", []string{"--region", "z", "--regions", "a,b", "--policies", good}, nil, `does not contain Region "z"`},
+		{"bad env", append(base, "--policies", good), map[string]string{"QUOTIENT_EPOCH": "ten"}, `QUOTIENT_EPOCH="ten"`},
+		{"cluster with two", append(base, "--policies", good, "--redis", "a:1,b:2", "--redis-cluster"), nil, "--redis-cluster wants one configuration endpoint"},
+		{"bad log level", append(base, "--policies", good, "--log-level", "loud"), nil, "--log-level"},
+		{"bad shards", append(base, "--policies", good, "--usage-shards", "0"), nil, "--usage-shards 0"},
+		{"unknown flag", append(base, "--nope"), nil, "flag provided but not defined: -nope"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env, errb := coordinatorEnvOf(tc.env)
+			code := run(t.Context(), env, append([]string{"coordinator"}, tc.args...))
+			assert.Equal(t, 2, code)
+			assert.Contains(t, errb.String(), tc.want)
+		})
+	}
+	env, _ := coordinatorEnvOf(nil)
+	assert.Equal(t, 0, run(t.Context(), env, []string{"coordinator", "-h"}))
+}
+
+// TestCoordinatorRunsAndStops: configured from the environment against a
+// real redis-server and kfake, the command serves /healthz and exits 0
+// when its context ends (SIGTERM in main).
+func TestCoordinatorRunsAndStops(t *testing.T) {
+	srv := redistest.StartServer(t)
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	require.NoError(t, err)
+	t.Cleanup(kc.Close)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+
+	env, errb := coordinatorEnvOf(map[string]string{
+		"QUOTIENT_REGION": "a", "QUOTIENT_REGIONS": "a", "QUOTIENT_REDIS": srv.Addr(),
+		"QUOTIENT_KAFKA": kc.ListenAddrs()[0], "QUOTIENT_LISTEN": addr, "QUOTIENT_EPOCH": "1s",
+		"QUOTIENT_POLICIES": writePolicies(t, globalPolicy),
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, env, []string{"coordinator"}) }()
+
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			_ = resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no /healthz by the deadline: %v\n%s", err, errb.String())
+		select {
+		case code := <-done:
+			t.Fatalf("exited early with %d: %s", code, errb.String())
+		case <-tick.C:
+		}
+	}
+	cancel()
+	select {
+	case code := <-done:
+		assert.Equal(t, 0, code, errb.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("coordinator did not stop within 30 s of cancel")
+	}
+	assert.Contains(t, errb.String(), "coordinator stopped")
+}
