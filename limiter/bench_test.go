@@ -59,7 +59,7 @@ func storeCheck(l *Limiter, i int) error {
 
 func benchClient(tb testing.TB) *redis.Client {
 	srv := redistest.StartServer(tb)
-	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers})
+	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers, ContextTimeoutEnabled: true})
 }
 
 // runParallel runs n calls of fn spread over benchCallers goroutines and

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -145,20 +146,29 @@ func TestChaosRedisDies(t *testing.T) {
 // never replies): every request still returns within the deadline plus a
 // small constant.
 func TestChaosHungRedis(t *testing.T) {
-	ln := listenSilently(t)
-	client := redis.NewClient(&redis.Options{Addr: ln, MaxRetries: -1, ReadTimeout: time.Minute, WriteTimeout: time.Minute})
-	t.Cleanup(func() { _ = client.Close() })
-	const deadline = 20 * time.Millisecond
-	l, err := New(Config{Store: NewRedisStore(client), Deadline: deadline}, mustPolicies(t, chaosPolicies))
-	require.NoError(t, err)
-	for range 5 {
-		start := time.Now()
-		d, err := l.Check(context.Background(), Request{Identity: Identity{APIKey: "k"}, Method: "GET", Path: "/"})
-		el := time.Since(start)
-		require.NoError(t, err)
-		assert.True(t, d.Allowed)
-		assert.Equal(t, SourceFallback, d.Source)
-		assert.LessOrEqual(t, el, deadline+chaosSlack)
+	// Both ways of bounding a call: a client that ignores contexts (the
+	// limiter abandons the call in its goroutine) and one built with
+	// ContextTimeoutEnabled (go-redis ends the call at the deadline).
+	for _, bounded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("context_timeout_enabled=%v", bounded), func(t *testing.T) {
+			ln := listenSilently(t)
+			client := redis.NewClient(&redis.Options{Addr: ln, MaxRetries: -1, ReadTimeout: time.Minute, WriteTimeout: time.Minute, ContextTimeoutEnabled: bounded})
+			t.Cleanup(func() { _ = client.Close() })
+			const deadline = 20 * time.Millisecond
+			store := NewRedisStore(client)
+			require.Equal(t, bounded, store.boundedByContext)
+			l, err := New(Config{Store: store, Deadline: deadline}, mustPolicies(t, chaosPolicies))
+			require.NoError(t, err)
+			for range 5 {
+				start := time.Now()
+				d, err := l.Check(context.Background(), Request{Identity: Identity{APIKey: "k"}, Method: "GET", Path: "/"})
+				el := time.Since(start)
+				require.NoError(t, err)
+				assert.True(t, d.Allowed)
+				assert.Equal(t, SourceFallback, d.Source)
+				assert.LessOrEqual(t, el, deadline+chaosSlack)
+			}
+		})
 	}
 }
 

@@ -728,6 +728,18 @@ type storeCall struct {
 // evalGroupDeadline is evalGroup with the store call bounded by the
 // deadline, whatever the store does.
 func (l *Limiter) evalGroupDeadline(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision) error {
+	if rs, ok := l.store.(*RedisStore); ok && rs.boundedByContext {
+		// go-redis ends every wait of the call at the context's deadline.
+		return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject Subject, ops []op, res []result) (bool, error) {
+			cctx, cancel := context.WithTimeout(ctx, l.deadline)
+			defer cancel()
+			allowed, err := rs.eval(cctx, now, subject, ops, res)
+			if err != nil && cctx.Err() != nil && ctx.Err() == nil {
+				return false, fmt.Errorf("%w: no answer within %v: %v", ErrStoreUnavailable, l.deadline, err)
+			}
+			return allowed, err
+		})
+	}
 	return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject Subject, ops []op, res []result) (bool, error) {
 		cctx, cancel := context.WithTimeout(ctx, l.deadline)
 		c := &storeCall{ops: append([]op(nil), ops...), res: make([]result, len(res)), done: make(chan struct{})}

@@ -38,11 +38,27 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 type RedisStore struct {
 	client   redis.UniversalClient
 	passTime bool // tests only: decide at the time given, not Redis TIME
+	// boundedByContext: the client was built with ContextTimeoutEnabled, so
+	// every wait of a call (pool, dial, read, write) ends at the context's
+	// deadline and the limiter needs no goroutine to enforce it.
+	boundedByContext bool
 }
 
 // NewRedisStore returns a store on client, which the caller owns and closes.
+// Build the client with ContextTimeoutEnabled: true (a *redis.Client or
+// *redis.ClusterClient): then go-redis itself ends every call at the
+// context's deadline and the limiter calls it directly. With any other
+// client the limiter runs each call in its own goroutine and abandons it at
+// the deadline, which costs more per decision.
 func NewRedisStore(client redis.UniversalClient) *RedisStore {
-	return &RedisStore{client: client}
+	s := &RedisStore{client: client}
+	switch c := client.(type) {
+	case *redis.Client:
+		s.boundedByContext = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		s.boundedByContext = c.Options().ContextTimeoutEnabled
+	}
+	return s
 }
 
 // Client is the underlying go-redis client.
