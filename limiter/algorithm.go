@@ -69,9 +69,9 @@ type logEntry struct {
 //
 //	token_bucket:           a = µs at which the bucket is full   (a string)
 //	leaky_bucket:           a = µs at which the queue is empty   (a string)
-//	fixed_window:           a = window start ms, b = count         ("w", "n")
+//	fixed_window:           a = window start ms, b = count         (a string "a:b")
 //	sliding_window_counter: a = window start ms, b = current count,
-//	                        c = previous count                     ("w", "c", "p")
+//	                        c = previous count                     (a string "a:b:c")
 //	sliding_window_log:     log (a Redis list of "ts:cost")
 //	fixed_window, global:   a = window start ms, counts per region,
 //	                        cap = this region's cap ("w", "n:<region>", "cap")

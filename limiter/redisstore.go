@@ -27,8 +27,10 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 // do not matter. Keys (see the package documentation):
 //
 //	rl:{<subject>}:<policy>:tb|lb         string: µs at which the bucket is full (empty)
-//	rl:{<subject>}:<policy>:fw|sc         hash: window state
+//	rl:{<subject>}:<policy>:fw            string "<window start ms>:<count>"
+//	rl:{<subject>}:<policy>:sc            string "<window start ms>:<current>:<previous>"
 //	rl:{<subject>}:<policy>:sl            list: sliding window log, "ms:cost"
+//	rl:{<subject>}:<policy>:fg            hash: replicated window (replicated.go)
 //	rl:{<subject>}:<policy>:share         hash r (milli-tokens/s), b (milli-tokens):
 //	                                      this region's share of a global policy,
 //	                                      written by the coordinator

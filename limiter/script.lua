@@ -77,12 +77,12 @@ for i = 1, n do
     end
   elseif algo == 3 then
     local start = now - now % win
-    local v = call('HMGET', key, 'w', 'n')
-    if not v[1] or start > tonumber(v[1]) then
-      a, b = start, 0
-    else
-      a, b = tonumber(v[1]), tonumber(v[2])
+    local v = call('GET', key)
+    if v then
+      local p = string.find(v, ':', 1, true)
+      a, b = tonumber(string.sub(v, 1, p - 1)), tonumber(string.sub(v, p + 1))
     end
+    if not v or start > a then a, b = start, 0 end
     local t = now
     if a > t then t = a end
     admit = b + cost <= limit
@@ -123,11 +123,13 @@ for i = 1, n do
     end
   elseif algo == 5 then
     local start = now - now % win
-    local v = call('HMGET', key, 'w', 'c', 'p')
-    if not v[1] then
+    local v = call('GET', key)
+    if not v then
       a, b, c = start, 0, 0
     else
-      a, b, c = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+      local p1 = string.find(v, ':', 1, true)
+      local p2 = string.find(v, ':', p1 + 1, true)
+      a, b, c = tonumber(string.sub(v, 1, p1 - 1)), tonumber(string.sub(v, p1 + 1, p2 - 1)), tonumber(string.sub(v, p2 + 1))
       if start <= a then
       elseif start == a + win then
         c, b, a = b, 0, start
@@ -214,10 +216,7 @@ for i = 1, n do
     remaining = limit - b
     if remaining < 0 then remaining = 0 end
     reset = a + win - t
-    if write then
-      call('HSET', key, 'w', a, 'n', b)
-      call('PEXPIRE', key, reset + 1000)
-    end
+    if write then call('SET', key, string.format('%d:%d', a, b), 'PX', reset + 1000) end
   elseif algo == 6 then
     if write then
       b = b + cost
@@ -252,10 +251,7 @@ for i = 1, n do
     elseif c > 0 then
       reset = win - e
     end
-    if write then
-      call('HSET', key, 'w', a, 'c', b, 'p', c)
-      call('PEXPIRE', key, 2 * win - e + 1000)
-    end
+    if write then call('SET', key, string.format('%d:%d:%d', a, b, c), 'PX', 2 * win - e + 1000) end
   elseif algo == 4 then
     local log = LOG[i]
     local t = now
