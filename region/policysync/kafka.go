@@ -1,0 +1,191 @@
+package policysync
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/quotientlabs/quotient/internal/kafkautil"
+	quotientv1 "github.com/quotientlabs/quotient/proto/quotient/v1"
+	"github.com/quotientlabs/quotient/region/admin"
+)
+
+// Topic is the policy topic's name, fixed by the Terraform module.
+const Topic = "quotient.policies"
+
+// TopicSpec is the topic as EnsureTopics creates it where Terraform did not:
+// compacted, one partition (one total order of versions).
+func TopicSpec(replicationFactor int) kafkautil.TopicSpec {
+	return kafkautil.CompactedTopic(Topic, 1, replicationFactor)
+}
+
+// Encode is r on the wire.
+func Encode(r admin.Record) ([]byte, error) {
+	return proto.Marshal(&quotientv1.PolicyRecord{
+		Kind: string(r.Kind), Id: r.ID, Version: r.Version, Document: r.Document,
+		Deleted: r.Deleted, Author: r.Author, UnixMs: r.UnixMs,
+	})
+}
+
+// Decode parses a record from the wire (not its document: admin.Catalog
+// does that).
+func Decode(b []byte) (admin.Record, error) {
+	var p quotientv1.PolicyRecord
+	if err := proto.Unmarshal(b, &p); err != nil {
+		return admin.Record{}, fmt.Errorf("policysync: decode: %w", err)
+	}
+	return admin.Record{Kind: admin.Kind(p.Kind), ID: p.Id, Version: p.Version, Document: p.Document,
+		Deleted: p.Deleted, Author: p.Author, UnixMs: p.UnixMs}, nil
+}
+
+// KafkaLog appends records to the topic with acks=all. It implements
+// admin.Log and is safe for concurrent use.
+type KafkaLog struct {
+	w *kafka.Writer
+}
+
+var _ admin.Log = (*KafkaLog)(nil)
+
+// NewKafkaLog returns a KafkaLog writing to topic (Topic in production) on
+// cl. The caller closes it.
+func NewKafkaLog(cl *kafkautil.Cluster, topic string) (*KafkaLog, error) {
+	wc := kafkautil.DefaultWriterConfig(topic)
+	wc.BatchTimeout = time.Millisecond
+	w, err := cl.NewWriter(wc)
+	if err != nil {
+		return nil, fmt.Errorf("policysync: %w", err)
+	}
+	return &KafkaLog{w: w}, nil
+}
+
+// Append implements admin.Log: it returns once every in-sync replica has
+// the record.
+func (l *KafkaLog) Append(ctx context.Context, r admin.Record) error {
+	b, err := Encode(r)
+	if err != nil {
+		return err
+	}
+	if err := l.w.WriteMessages(ctx, kafka.Message{Key: []byte(r.Key()), Value: b}); err != nil {
+		return fmt.Errorf("policysync: append %s: %w", r.Key(), err)
+	}
+	return nil
+}
+
+// Close flushes and closes the writer.
+func (l *KafkaLog) Close() error { return l.w.Close() }
+
+// Follower reads the topic from its first offset into a Catalog and calls
+// OnChange after records changed it. Safe for concurrent use.
+type Follower struct {
+	cl       *kafkautil.Cluster
+	topic    string
+	cat      *admin.Catalog
+	onChange func()
+	logger   *slog.Logger
+	ready    atomic.Bool
+	records  atomic.Int64
+	bad      atomic.Int64
+}
+
+// NewFollower returns a Follower of topic on cl feeding cat; onChange (may
+// be nil) is called after every record that changed cat, from the
+// Follower's goroutines, and must not block.
+func NewFollower(cl *kafkautil.Cluster, topic string, cat *admin.Catalog, onChange func(), logger *slog.Logger) *Follower {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if onChange == nil {
+		onChange = func() {}
+	}
+	return &Follower{cl: cl, topic: topic, cat: cat, onChange: onChange, logger: logger}
+}
+
+// Ready reports whether the Follower has read every record that was on the
+// topic when Run started.
+func (f *Follower) Ready() bool { return f.ready.Load() }
+
+// Records is the number of records read; Bad those refused (undecodable or
+// refused by the Catalog; they are logged and skipped).
+func (f *Follower) Records() int64 { return f.records.Load() }
+
+// Bad is the number of records refused.
+func (f *Follower) Bad() int64 { return f.bad.Load() }
+
+// Run reads until ctx ends or a partition cannot be read; it waits for the
+// topic to exist. It returns ctx.Err() on cancellation.
+func (f *Follower) Run(ctx context.Context) error {
+	var parts []int
+	err := kafkautil.RetryUnknownTopic(ctx, kafkautil.DefaultBackoff(), func() error {
+		var err error
+		parts, err = f.cl.Partitions(ctx, f.topic)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("policysync: partitions of %q: %w", f.topic, err)
+	}
+	// No record has a timestamp a century ahead: these are the end offsets.
+	ends, err := f.cl.OffsetsAt(ctx, f.topic, parts, time.Now().AddDate(100, 0, 0))
+	if err != nil {
+		return fmt.Errorf("policysync: %w", err)
+	}
+	var pending sync.WaitGroup
+	for _, p := range parts {
+		if ends[p] > 0 {
+			pending.Add(1)
+		}
+	}
+	go func() { pending.Wait(); f.ready.Store(true) }()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(parts))
+	for _, p := range parts {
+		go func() { errc <- f.readPartition(ctx, p, ends[p], &pending) }()
+	}
+	err = <-errc
+	cancel()
+	for range len(parts) - 1 {
+		<-errc
+	}
+	return err
+}
+
+func (f *Follower) readPartition(ctx context.Context, p int, end int64, pending *sync.WaitGroup) error {
+	r, err := f.cl.NewPartitionReader(f.topic, p, kafka.FirstOffset, kafkautil.ReaderConfig{MaxWait: 100 * time.Millisecond})
+	if err != nil {
+		return fmt.Errorf("policysync: %w", err)
+	}
+	defer func() { _ = r.Close() }()
+	caught := end <= 0
+	for {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("policysync: read %q partition %d: %w", f.topic, p, err)
+		}
+		f.records.Add(1)
+		rec, err := Decode(m.Value)
+		changed := false
+		if err == nil {
+			changed, err = f.cat.Apply(rec)
+		}
+		if err != nil {
+			f.bad.Add(1)
+			f.logger.Warn("policysync: record skipped", "partition", p, "offset", m.Offset, "err", err)
+		}
+		if changed {
+			f.onChange()
+		}
+		if !caught && m.Offset+1 >= end {
+			caught = true
+			pending.Done()
+		}
+	}
+}
