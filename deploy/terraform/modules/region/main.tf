@@ -18,9 +18,14 @@ locals {
     QUOTIENT_REGION  = var.region
     QUOTIENT_REGIONS = join(",", var.regions)
     QUOTIENT_REDIS   = "${aws_elasticache_replication_group.this.configuration_endpoint_address}:${var.redis_port}"
-    QUOTIENT_KAFKA   = join(",", var.kafka_bootstrap_brokers)
-    QUOTIENT_LISTEN  = ":${var.coordinator_port}"
-    QUOTIENT_EPOCH   = "${var.epoch_seconds}s"
+    # The configuration endpoint of a cluster-mode replication group is one
+    # address that stands for the whole cluster.
+    QUOTIENT_REDIS_CLUSTER = "true"
+    QUOTIENT_KAFKA         = join(",", var.kafka_bootstrap_brokers)
+    QUOTIENT_MIRRORED      = tostring(var.kafka_mirrored)
+    QUOTIENT_POLICIES      = var.policies_path
+    QUOTIENT_LISTEN        = ":${var.coordinator_port}"
+    QUOTIENT_EPOCH         = "${var.epoch_seconds}s"
   }
 }
 

@@ -249,6 +249,23 @@ variable "kafka_bootstrap_brokers" {
   }
 }
 
+variable "kafka_mirrored" {
+  type        = bool
+  description = "True when every region has its own Kafka cluster mirrored with MirrorMaker 2 (the kafka module's layout): coordinators also consume <region>.quotient.usage of the other regions (QUOTIENT_MIRRORED). False for one shared cluster."
+  default     = true
+}
+
+variable "policies_path" {
+  type        = string
+  description = "Path, inside the coordinator container, of the JSON policy file whose scope:global policies the coordinators share (QUOTIENT_POLICIES). Bake it into the image or mount it; it must be the gateways' policy file."
+  default     = "/etc/quotient/policies.json"
+
+  validation {
+    condition     = startswith(var.policies_path, "/")
+    error_message = "policies_path must be an absolute path inside the container."
+  }
+}
+
 variable "log_retention_days" {
   type        = number
   description = "Days to keep the coordinator logs in CloudWatch."
