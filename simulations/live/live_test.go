@@ -1,0 +1,99 @@
+package live_test
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/quotientlabs/quotient/internal/redistest"
+	"github.com/quotientlabs/quotient/simulations"
+	"github.com/quotientlabs/quotient/simulations/live"
+)
+
+// The comparison the live mode must pass against virtual time (issue 5):
+// for every tracked key and policy, the live run's worst over-admission,
+// worst under-service and mean absolute window error are each within
+// tolerance of the virtual-time run of the same (rate-scaled) scenario.
+const tolerance = 0.05
+
+// Scales of the end-to-end runs: 20 scenario seconds per real second, and
+// a fifth of the requests, so that a 2-core machine under the race
+// detector keeps up (Stats.Late stays 0).
+const (
+	timeScale = 20
+	rateScale = 5
+)
+
+func loadScenario(t *testing.T, name string) *simulations.Scenario {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "scenarios", name+".json"))
+	require.NoError(t, err)
+	sc, err := simulations.ParseScenario(data)
+	require.NoError(t, err)
+	return sc
+}
+
+// startInfra starts one kfake broker and one redis-server per region.
+func startInfra(t *testing.T, regions []string) live.Config {
+	t.Helper()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	require.NoError(t, err)
+	t.Cleanup(kc.Close)
+	cfg := live.DefaultConfig()
+	cfg.KafkaBrokers = kc.ListenAddrs()
+	cfg.RedisAddrs = map[string]string{}
+	for _, r := range regions {
+		cfg.RedisAddrs[r] = redistest.StartServer(t).Addr()
+	}
+	return cfg
+}
+
+func TestLiveMatchesVirtual(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two scenarios in scaled real time, about 75 s; not in -short")
+	}
+	for _, name := range []string{"even-spread", "abrupt-shift"} {
+		t.Run(name, func(t *testing.T) {
+			sc, err := live.ScaleRates(loadScenario(t, name), rateScale)
+			require.NoError(t, err)
+			virtual, err := simulations.Run(t.Context(), sc, simulations.Options{})
+			require.NoError(t, err)
+
+			cfg := startInfra(t, sc.Regions)
+			cfg.TimeScale = timeScale
+			rep, st, err := live.Run(t.Context(), sc, cfg)
+			require.NoError(t, err)
+			t.Logf("live: %d requests in %v, fallback %d, deny cache %d, max lateness %v, late %d, coordinators %+v",
+				st.Requests, rep.Wall.Round(time.Millisecond), st.Fallback, st.DenyCache, st.MaxLateness, st.Late, st.Coordinators)
+			assert.Equal(t, virtual.Decisions, rep.Decisions, "same schedule, same requests")
+			require.Len(t, rep.Keys, len(virtual.Keys))
+			for i, v := range virtual.Keys {
+				l := rep.Keys[i]
+				require.Equal(t, v.Key, l.Key)
+				t.Logf("%s/%s: virtual over %.3f under %.3f mean |e| %.3f; live over %.3f under %.3f mean |e| %.3f",
+					v.Key, v.Policy, v.MaxOver, v.MaxUnder, v.MeanAbsError, l.MaxOver, l.MaxUnder, l.MeanAbsError)
+				ve, le := virtual.WindowErrors(i), rep.WindowErrors(i)
+				worst := 0.0
+				for w := range ve {
+					worst = math.Max(worst, math.Abs(ve[w]-le[w]))
+				}
+				t.Logf("window errors virtual %.3f", ve)
+				t.Logf("window errors live    %.3f (largest difference %.3f)", le, worst)
+				assert.InDelta(t, v.MaxOver, l.MaxOver, tolerance, "worst over-admission")
+				assert.InDelta(t, v.MaxUnder, l.MaxUnder, tolerance, "worst under-service")
+				assert.InDelta(t, v.MeanAbsError, l.MeanAbsError, tolerance, "mean absolute error")
+			}
+			assert.Zero(t, st.Fallback, "no decision fell back")
+			for r, s := range st.Coordinators {
+				assert.Zero(t, s.Unwritten, "region %s: share updates written", r)
+				assert.False(t, s.LastDecision.IsZero(), "region %s decided", r)
+			}
+		})
+	}
+}
