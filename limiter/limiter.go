@@ -83,6 +83,21 @@ type Config struct {
 	// Metrics, when set, receives the limiter's metrics (see metrics.go).
 	// Default: none.
 	Metrics prometheus.Registerer
+	// Overrides, when set, is asked for a per-subject override of every
+	// policy a request selects (the admin API's POST /v1/overrides). Default:
+	// none.
+	Overrides Overrides
+}
+
+// Overrides gives the per-subject overrides of policies.
+type Overrides interface {
+	// Override returns the policy to enforce instead of the policy with id
+	// policyID for subject at now, and true; or false when there is none.
+	// The returned policy must be validated and keep policyID, so that it
+	// counts in the same buckets. It is called on every Check for every
+	// selected policy: it must be fast, must not block, and must be safe
+	// for concurrent use. The limiter does not modify what it returns.
+	Override(subject Subject, policyID string, now time.Time) (*Policy, bool)
 }
 
 // DefaultConfig is an in-memory limiter on the system clock, one region,
@@ -188,11 +203,13 @@ func (c *Config) Validate() error {
 // concurrent use; the policy set can be swapped at any time with
 // SetPolicies and every Check sees one whole set.
 type Limiter struct {
-	store    Store
-	clock    Clock
-	regions  int64
-	region   string
-	policies atomic.Pointer[[]*Policy]
+	store   Store
+	clock   Clock
+	regions int64
+	region  string
+	// overrides is Config.Overrides (nil: none).
+	overrides Overrides
+	policies  atomic.Pointer[[]*Policy]
 
 	remote   bool // the resilience layer applies
 	deadline time.Duration
@@ -219,17 +236,18 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 	}
 	_, inMemory := cfg.Store.(*MemoryStore)
 	l := &Limiter{
-		store:    cfg.Store,
-		clock:    cfg.Clock,
-		regions:  int64(cfg.Regions),
-		region:   cfg.Region,
-		remote:   !inMemory,
-		deadline: cfg.Deadline,
-		fb:       newFallback(cfg.FallbackMaxKeys, cfg.OpenFactor, cfg.Instances, cfg.Regions),
-		usage:    newUsageCounter(cfg.UsageEpoch, cfg.UsageMaxKeys),
-		events:   cfg.Events,
-		sampler:  newSampler(cfg.EventSampleRate, cfg.EventSeed),
-		logger:   cfg.Logger,
+		store:     cfg.Store,
+		clock:     cfg.Clock,
+		regions:   int64(cfg.Regions),
+		region:    cfg.Region,
+		overrides: cfg.Overrides,
+		remote:    !inMemory,
+		deadline:  cfg.Deadline,
+		fb:        newFallback(cfg.FallbackMaxKeys, cfg.OpenFactor, cfg.Instances, cfg.Regions),
+		usage:     newUsageCounter(cfg.UsageEpoch, cfg.UsageMaxKeys),
+		events:    cfg.Events,
+		sampler:   newSampler(cfg.EventSampleRate, cfg.EventSeed),
+		logger:    cfg.Logger,
 	}
 	m, err := newMetrics(cfg.Metrics)
 	if err != nil {
@@ -471,6 +489,11 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 		g := group[:0]
 		for _, p := range policies {
 			if p.Subject == kind && p.Matches(req.Identity.Tier, req.Method, req.Path) {
+				if l.overrides != nil {
+					if o, ok := l.overrides.Override(subj, p.ID, now); ok && o != nil && o.validated && o.ID == p.ID {
+						p = o
+					}
+				}
 				g = append(g, p)
 			}
 		}
