@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/quotientlabs/quotient/dailyquota/kafkarepl"
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/rebalancer"
 	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
@@ -56,9 +57,15 @@ type Config struct {
 	// ":9090".
 	Listen string
 	// Policies are the policy documents; the global bucket policies among
-	// them (scope global, token_bucket or leaky_bucket) are shared. Others
-	// are ignored. At least one global bucket policy is required.
+	// them (scope global, token_bucket or leaky_bucket) are shared, and the
+	// global fixed windows are replicated (daily quotas, package
+	// dailyquota). Others are ignored. At least one global policy is
+	// required.
 	Policies []*limiter.Policy
+	// DailyQuotaTopic is the topic of replicated fixed-window counts
+	// (mirrored layout: also "<region>.<DailyQuotaTopic>" per other
+	// region, with Mirrored). Default kafkarepl.DefaultTopic.
+	DailyQuotaTopic string
 	// ShutdownTimeout bounds the HTTP server's graceful shutdown. Default
 	// 5 s.
 	ShutdownTimeout time.Duration
@@ -70,7 +77,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{Epoch: 10 * time.Second, Topic: kafkabus.DefaultTopic, Listen: ":9090", ShutdownTimeout: 5 * time.Second}
+	return Config{Epoch: 10 * time.Second, Topic: kafkabus.DefaultTopic, DailyQuotaTopic: kafkarepl.DefaultTopic, Listen: ":9090", ShutdownTimeout: 5 * time.Second}
 }
 
 // validate fills defaults and checks the fields.
@@ -81,6 +88,9 @@ func (c *Config) validate() error {
 	}
 	if c.Topic == "" {
 		c.Topic = d.Topic
+	}
+	if c.DailyQuotaTopic == "" {
+		c.DailyQuotaTopic = d.DailyQuotaTopic
 	}
 	if c.Listen == "" {
 		c.Listen = d.Listen
@@ -106,7 +116,7 @@ func (c *Config) validate() error {
 // GlobalLimits returns the shared limits of the global bucket policies
 // among policies, for n regions, and how many global policies were skipped
 // because the limiter enforces no share for their algorithm (global fixed
-// windows).
+// windows, which are replicated instead: see newDailyQuota).
 func GlobalLimits(policies []*limiter.Policy, n int) (rebalancer.PolicyMap, int) {
 	out := rebalancer.PolicyMap{}
 	skipped := 0

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	dqredis "github.com/quotientlabs/quotient/dailyquota/redisio"
 	"github.com/quotientlabs/quotient/internal/kafkautil"
 	"github.com/quotientlabs/quotient/rebalancer"
 	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
@@ -34,6 +35,7 @@ type Coordinator struct {
 	bus      *kafkabus.Bus
 	adapter  *kafkabus.Adapter
 	driver   *rebalancer.Driver
+	dq       *dailyQuota // nil without global fixed-window policies
 	registry *prometheus.Registry
 	listener net.Listener
 	server   *http.Server
@@ -53,12 +55,12 @@ func New(cfg Config) (*Coordinator, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	limits, skipped := GlobalLimits(cfg.Policies, len(cfg.Regions))
-	if len(limits) == 0 {
-		return nil, fmt.Errorf("%w: Policies: no global token_bucket or leaky_bucket policy among %d policies; nothing to share", ErrConfig, len(cfg.Policies))
+	limits, windows := GlobalLimits(cfg.Policies, len(cfg.Regions))
+	if len(limits) == 0 && len(dqredis.Policies(cfg.Policies)) == 0 {
+		return nil, fmt.Errorf("%w: Policies: no global token_bucket or leaky_bucket policy to share and no global fixed_window policy to replicate among %d policies", ErrConfig, len(cfg.Policies))
 	}
-	if skipped > 0 {
-		log.Warn("region: global window policies are not shared (the limiter reads no share for them)", "count", skipped)
+	if n := len(dqredis.Policies(cfg.Policies)); windows > n {
+		log.Warn("region: global sliding-window policies are neither shared nor replicated", "count", windows-n)
 	}
 	rcfg := rebalancer.DefaultConfig()
 	rcfg.Region, rcfg.Regions, rcfg.Epoch, rcfg.MaxWait = cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait
@@ -83,16 +85,13 @@ func New(cfg Config) (*Coordinator, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if c.dq, err = newDailyQuota(cfg, c.redis, c.kafka, log, c.registry); err != nil {
+		return fail(err)
+	}
 	bcfg := kafkabus.DefaultConfig()
 	bcfg.Topic = cfg.Topic
 	if cfg.Mirrored {
-		var others []string
-		for _, r := range cfg.Regions {
-			if r != cfg.Region {
-				others = append(others, r)
-			}
-		}
-		bcfg.ConsumeTopics = kafkabus.MirroredTopics(cfg.Topic, others...)
+		bcfg.ConsumeTopics = kafkabus.MirroredTopics(cfg.Topic, others(cfg)...)
 	}
 	// Look back far enough for the reports of the current decision window
 	// and the silence rule, whatever the epoch length.
@@ -178,6 +177,13 @@ func (c *Coordinator) run(ctx context.Context) error {
 		defer wg.Done()
 		_ = c.driver.Run(ctx) // returns ctx.Err()
 	}()
+	if c.dq != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = c.dq.driver.Run(ctx) // returns ctx.Err(); restarts its consumer itself
+		}()
+	}
 	c.log.Info("region: coordinator running", "region", c.cfg.Region, "regions", c.cfg.Regions, "epoch", c.cfg.Epoch, "listen", c.Addr())
 
 	var err error
@@ -198,6 +204,11 @@ func (c *Coordinator) run(ctx context.Context) error {
 
 // close releases the clients built by New.
 func (c *Coordinator) close() {
+	if c.dq != nil {
+		if err := c.dq.close(); err != nil {
+			c.log.Warn("region: close daily-quota bus", "err", err)
+		}
+	}
 	if c.bus != nil {
 		if err := c.bus.Close(); err != nil {
 			c.log.Warn("region: close kafka bus", "err", err)

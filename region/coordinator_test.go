@@ -169,7 +169,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"RedisAddrs":      func(c *region.Config) { c.RedisAddrs = nil },
 		"RedisCluster":    func(c *region.Config) { c.RedisCluster, c.RedisAddrs = true, []string{"x:1", "y:2"} },
 		"KafkaBrokers":    func(c *region.Config) { c.KafkaBrokers = nil },
-		"Policies":        func(c *region.Config) { c.Policies = c.Policies[1:] },
+		"Policies":        func(c *region.Config) { c.Policies = c.Policies[2:] }, // no global policy left
 		"Regions":         func(c *region.Config) { c.Region = "z" },
 		"Epoch":           func(c *region.Config) { c.Epoch = time.Microsecond },
 		"brokers[0]":      func(c *region.Config) { c.KafkaBrokers = []string{"nohost"} },

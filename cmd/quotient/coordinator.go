@@ -23,7 +23,8 @@ func runCoordinator(ctx context.Context, env environment, args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintln(env.stderr, "usage: quotient coordinator --region NAME --regions A,B,C --redis ADDR[,...] --kafka ADDR[,...] --policies FILE [flags]")
 		fmt.Fprintln(env.stderr, "\nRuns one region's coordinator: every epoch it collects the gateways' usage from Redis,")
-		fmt.Fprintln(env.stderr, "exchanges usage reports over Kafka and writes this region's shares of global limits to Redis.")
+		fmt.Fprintln(env.stderr, "exchanges usage reports over Kafka and writes this region's shares of global limits to Redis;")
+		fmt.Fprintln(env.stderr, "every second it replicates this region's counts of global fixed windows (daily quotas) over Kafka.")
 		fmt.Fprintln(env.stderr, "Every flag can be set by QUOTIENT_<FLAG> (e.g. QUOTIENT_REDIS_CLUSTER); the command line wins.")
 		fmt.Fprintln(env.stderr, "\nflags:")
 		fs.PrintDefaults()

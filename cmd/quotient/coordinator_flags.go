@@ -40,7 +40,7 @@ func coordinatorFlagSet(cfg *coordinatorConfig) *flag.FlagSet {
 	fs.DurationVar(&cfg.epoch, "epoch", 10*time.Second, "rebalance interval; epochs are aligned to multiples of it since the Unix epoch")
 	fs.DurationVar(&cfg.maxWait, "max-wait", 0, "how long after an epoch ends to wait for the other regions' reports (default min(2s, epoch/2))")
 	fs.DurationVar(&cfg.collectDelay, "collect-delay", 0, "how long after an epoch ends to collect its usage, so the gateways' last flush lands (default min(1s, max-wait/2))")
-	fs.StringVar(&cfg.policies, "policies", "", "JSON policy file, the gateways' own; its scope:global bucket policies are shared (must be set until issue 7 distributes policies)")
+	fs.StringVar(&cfg.policies, "policies", "", "JSON policy file, the gateways' own; its scope:global bucket policies are shared and its scope:global fixed windows replicated over Kafka (must be set until issue 7 distributes policies)")
 	fs.StringVar(&cfg.topic, "topic", "quotient.usage", "Kafka topic of usage reports")
 	fs.BoolVar(&cfg.mirrored, "mirrored", false, "one Kafka cluster per region mirrored with MirrorMaker 2: also consume <region>.<topic> for every other region")
 	fs.IntVar(&cfg.usageShards, "usage-shards", 16, "usage shard hashes per epoch; must match the gateways")
