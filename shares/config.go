@@ -9,7 +9,9 @@ import "fmt"
 type Config struct {
 	// FloorPermille is the floor every live region's target gets, in
 	// permille of the default share L/n, so a quiet region can admit its
-	// first requests. 0..1000; default 100 (a tenth of the default share).
+	// first requests. 0..1000; default 15 (1.5% of the default share:
+	// each idle region's floor is service lost while another region needs
+	// the whole limit).
 	FloorPermille int64
 	// ReservePermille is the part of L that targets leave unallocated, in
 	// permille of L. 0..500; default 0. (Claiming the reserve between
@@ -25,19 +27,28 @@ type Config struct {
 	// its target that it closes in one epoch, in permille. 1..1000; 0 means
 	// the default, 1000 (no damping: smoothing of demand already damps).
 	DampingPermille int64
+	// HeadroomPermille is how far above its demand a region's share may
+	// stay, in permille of its demand rate. It caps every live region's
+	// target at max(Default(), demand*HeadroomPermille/1000), so leftover
+	// beyond that stays unallocated, and it bounds what a region keeps at
+	// collection (Config.Keep). 1000..100000; 0 means the default, 1250.
+	HeadroomPermille int64
 }
 
 // DefaultConfig returns the default tuning.
 func DefaultConfig() Config {
-	return Config{FloorPermille: 100, ReservePermille: 0, SpreadPermille: 250, DampingPermille: 1000}
+	return Config{FloorPermille: 15, ReservePermille: 0, SpreadPermille: 250, DampingPermille: 1000, HeadroomPermille: 1250}
 }
 
-// Validate fills DampingPermille when it is zero (the only field whose
-// zero value is unusable) and reports the first field out of range; the
+// Validate fills DampingPermille and HeadroomPermille when they are zero
+// (the only fields whose zero value is unusable) and reports the first field out of range; the
 // error wraps ErrConfig. Methods of Config call it on their copy.
 func (c *Config) Validate() error {
 	if c.DampingPermille == 0 {
 		c.DampingPermille = 1000
+	}
+	if c.HeadroomPermille == 0 {
+		c.HeadroomPermille = 1250
 	}
 	switch {
 	case c.FloorPermille < 0 || c.FloorPermille > 1000:
@@ -48,6 +59,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: SpreadPermille %d not in 0..1000", ErrConfig, c.SpreadPermille)
 	case c.DampingPermille < 1 || c.DampingPermille > 1000:
 		return fmt.Errorf("%w: DampingPermille %d not in 1..1000", ErrConfig, c.DampingPermille)
+	case c.HeadroomPermille < 1000 || c.HeadroomPermille > 100_000:
+		return fmt.Errorf("%w: HeadroomPermille %d not in 1000..100000", ErrConfig, c.HeadroomPermille)
 	}
 	return nil
 }

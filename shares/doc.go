@@ -31,19 +31,33 @@
 //  1. Silent regions get exactly Default(); the rest, T = L - reserve - the
 //     silent regions' defaults, is shared by the others (reserve =
 //     L*ReservePermille/1000, left unallocated).
+//
 //  2. Every live region gets the floor f = Default()*FloorPermille/1000
 //     (less if n*f > T), so a quiet region can admit its first requests.
+//
 //  3. The rest is water-filled over each region's demand above the floor:
 //     the largest level λ with Σ min(d_i - f, λ) <= rest; each region gets
 //     min(d_i - f, λ). Equal demands get equal amounts, so no tie-breaking is
 //     needed and the result does not depend on the order of the regions.
+//
 //  4. What is left when every demand is met is split: SpreadPermille of it
 //     equally, the rest in proportion to what each region got so far, both
 //     in one floored division per region. With no demand at all every
 //     target is exactly Default(); this is how idle keys return to default.
 //
+//  5. Headroom cap: no live region's target exceeds max(Default(),
+//     d_i*HeadroomPermille/1000); what the cap cuts stays unallocated, so
+//     a region's target agrees with what it keeps at collection (Keep)
+//     and shares do not churn.
+//
 // Every division floors, so Σ targets <= L always; the few milli-tokens
 // lost to rounding stay unallocated.
+//
+// Keep (Config.Keep), at collection, before the region publishes: a claim
+// above max(Default(), H*demand of the epoch just ended) shrinks to
+// max(floor, H*demand). It only shrinks, so the published claim stays an
+// upper bound of what the region enforces, and the others see the freed
+// slack at their decision of the same epoch.
 //
 // Next share (Config.Next) for region self, from its claim c and damped
 // target t = c + (V_self - c)*DampingPermille/1000 (rounded toward c):
@@ -55,7 +69,11 @@
 //     slack = L - Σ claims (a Silent region counts as Default()). The region
 //     takes at most its part floor(slack * want_self / Σ wants), where the
 //     wants are the ones the regions published in their reports for the
-//     epoch, and never beyond t.
+//     epoch, and never beyond t. Needs first: when some region that wants
+//     published a demand above its claim (it needs), only such regions
+//     grow, splitting the slack by floor(slack * want_self / Σ their
+//     wants); the others (wanting to return to the default, or asking
+//     from a view older than the decision's) wait for the next epoch.
 //   - Fallback: the next share is min(c, t, Default()).
 //   - No mixed shares: a share is never above the default in one dimension
 //     and below it in the other (the dimension above is clamped to the
@@ -68,11 +86,16 @@
 //   - Permutation: permuting the regions permutes Targets and leaves each
 //     region's Next unchanged.
 //   - Safety of growth: if every growing region uses the same published
-//     wants and claims (a region missing from some view is Silent there,
-//     published want 0 and claim <= Default()), then Σ over regions of their
-//     Next <= max(L, Σ claims) - and <= L when the claims were within L. The
-//     proof: each region's growth is at most floor(slack*w_r/W) with the
-//     same W, so all growths together are at most slack.
+//     wants, claims and demands (a region missing from some view is Silent
+//     there, published want 0 and claim <= Default()), then Σ over regions
+//     of their Next <= max(L, Σ claims) - and <= L when the claims were
+//     within L. The proof: whether a region needs is a function of what it
+//     published, so every growing view has the same set of needing regions
+//     and the same divisor W (Σ wants of the needing regions if any, else Σ
+//     all wants); each region's growth is at most floor(slack*w_r/W), and
+//     a region outside the chosen set grows by 0, so all growths together
+//     are at most slack. Wants need not be consistent with anything: any
+//     published want is safe.
 //   - Next never exceeds L (B), never goes negative, and in Fallback never
 //     exceeds Default().
 //

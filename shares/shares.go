@@ -219,9 +219,53 @@ func (c Config) targets(lim Limit, in []RegionInput, v *[2][MaxRegions]int64) {
 		var out [MaxRegions]int64
 		c.fill(t, floor, demand[:nl], out[:nl])
 		for k := 0; k < nl; k++ {
-			v[d][live[k]] = out[k]
+			// Headroom cap: leftover beyond max(default, H*demand) stays
+			// unallocated, so a region keeps at collection (Keep) what
+			// its target gives it and shares do not churn.
+			v[d][live[k]] = min(out[k], max(def[d], mulDiv(demand[k], c.HeadroomPermille, 1000)))
 		}
 	}
+}
+
+// Keep returns what region self may keep of its share claim at the end of
+// an epoch in which it measured demandMilli (its demand rate of that
+// epoch, milli cost units per second, rejected attempts included), before
+// it publishes its report: per dimension, a claim above max(Default(),
+// H*demand) shrinks to max(floor, H*demand) (H = HeadroomPermille, floor
+// as in Targets, burst demand scaled from L to B); other claims are kept.
+// The result is never above claim and never mixed. Keep lets a region
+// give up share it stopped using before the others decide the same epoch,
+// which saves one epoch of lag on every shift of demand. The error wraps
+// ErrLimit or ErrConfig, or ErrInput for a negative demand or a claim out
+// of range. It does not allocate.
+func (c Config) Keep(lim Limit, claim Share, demandMilli int64) (Share, error) {
+	if err := c.Validate(); err != nil {
+		return Share{}, err
+	}
+	if err := lim.Validate(); err != nil {
+		return Share{}, err
+	}
+	switch {
+	case demandMilli < 0:
+		return Share{}, fmt.Errorf("%w: DemandMilli %d is negative", ErrInput, demandMilli)
+	case claim.RateMilli < 0 || claim.RateMilli > lim.RateMilli:
+		return Share{}, fmt.Errorf("%w: Claim.RateMilli %d not in 0..%d", ErrInput, claim.RateMilli, lim.RateMilli)
+	case claim.BurstMilli < 0 || claim.BurstMilli > lim.BurstMilli:
+		return Share{}, fmt.Errorf("%w: Claim.BurstMilli %d not in 0..%d", ErrInput, claim.BurstMilli, lim.BurstMilli)
+	}
+	def := lim.defaultDims()
+	cl := claim.dims()
+	need := dims{min(demandMilli, lim.RateMilli), 0}
+	need[1] = mulDiv(need[0], lim.BurstMilli, lim.RateMilli)
+	var out dims
+	for d := 0; d < 2; d++ {
+		h := mulDiv(need[d], c.HeadroomPermille, 1000)
+		out[d] = cl[d]
+		if cl[d] > max(def[d], h) {
+			out[d] = min(cl[d], max(def[d]*c.FloorPermille/1000, h))
+		}
+	}
+	return fromDims(unmix(out, def)), nil
 }
 
 // fill water-fills total over demand (each <= total) with a floor per
@@ -346,19 +390,29 @@ func (c Config) Next(lim Limit, self int, in []RegionInput, mode Mode) (Share, e
 				if t[d] <= claim[d] || want[d] == 0 {
 					continue
 				}
-				slack, wsum := limit[d], int64(0)
+				slack, wsum, nsum := limit[d], int64(0), int64(0)
 				for i := range in {
 					if in[i].Silent {
 						slack -= def[d]
 						continue
 					}
 					slack -= in[i].Claim.dims()[d]
-					wsum += in[i].Want.dims()[d]
+					w := in[i].Want.dims()[d]
+					wsum += w
+					if needs(lim, in[i], d) {
+						nsum += w
+					}
 				}
 				if slack <= 0 {
 					continue
 				}
-				part := mulDiv(slack, want[d], wsum)
+				var part int64
+				switch {
+				case nsum == 0:
+					part = mulDiv(slack, want[d], wsum)
+				case needs(lim, in[self], d):
+					part = mulDiv(slack, want[d], nsum)
+				}
 				next[d] = claim[d] + min(part, t[d]-claim[d])
 			}
 		}
@@ -366,6 +420,22 @@ func (c Config) Next(lim Limit, self int, in []RegionInput, mode Mode) (Share, e
 		return Share{}, fmt.Errorf("%w: unknown mode %d", ErrInput, uint8(mode))
 	}
 	return fromDims(unmix(next, def)), nil
+}
+
+// needs reports whether region r's published demand is above its claim in
+// dimension d (burst demand scaled from L to B, as in Targets): its want
+// is a need, served before the wants of regions that do not use their
+// claim (which want to return to the default of an idle key, or grow from
+// a view older than the decision's).
+func needs(lim Limit, r RegionInput, d int) bool {
+	if r.Silent || r.Want.dims()[d] == 0 {
+		return false
+	}
+	dm := r.DemandMilli
+	if d == 1 {
+		dm = mulDiv(min(dm, lim.RateMilli), lim.BurstMilli, lim.RateMilli)
+	}
+	return dm > r.Claim.dims()[d]
 }
 
 // unmix clamps the dimension above the default to the default when the

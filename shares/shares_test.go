@@ -41,6 +41,7 @@ func TestConfigValidate(t *testing.T) {
 	c := Config{}
 	require.NoError(t, c.Validate())
 	assert.Equal(t, int64(1000), c.DampingPermille, "zero damping is filled")
+	assert.Equal(t, int64(1250), c.HeadroomPermille, "zero headroom is filled")
 	for _, tc := range []struct {
 		mut   func(*Config)
 		field string
@@ -49,6 +50,7 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.ReservePermille = 501 }, "ReservePermille"},
 		{func(c *Config) { c.SpreadPermille = -1 }, "SpreadPermille"},
 		{func(c *Config) { c.DampingPermille = 1001 }, "DampingPermille"},
+		{func(c *Config) { c.HeadroomPermille = 999 }, "HeadroomPermille"},
 	} {
 		c := DefaultConfig()
 		tc.mut(&c)
@@ -135,6 +137,20 @@ func TestTargetsTable(t *testing.T) {
 			want: []Share{{90_000, 180_000}, {90_000, 180_000}, {90_000, 180_000}},
 		},
 		{
+			name: "headroom caps the leftover at max(default, demand*H)",
+			// As the leftover case, then the 100k demand is capped at
+			// 125k (H = 1.25) and the others at the default (not reached).
+			cfg:  func(c *Config) { c.HeadroomPermille = 1250 },
+			in:   []RegionInput{{}, {DemandMilli: 100_000}, {}},
+			want: []Share{{25_000 + 11_250, 50_000 + 22_500}, {125_000, 250_000}, {25_000 + 11_250, 50_000 + 22_500}},
+		},
+		{
+			name: "headroom never caps below the default",
+			cfg:  func(c *Config) { c.HeadroomPermille = 1250 },
+			in:   []RegionInput{{DemandMilli: 1_000}, {DemandMilli: 1_000}, {DemandMilli: 1_000}},
+			want: []Share{def, def, def},
+		},
+		{
 			name: "full spread splits the leftover equally",
 			cfg:  func(c *Config) { c.SpreadPermille = 1000 },
 			in:   []RegionInput{{DemandMilli: 40_000}, {}, {}},
@@ -143,6 +159,7 @@ func TestTargetsTable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
+			c.FloorPermille, c.HeadroomPermille = 100, 100_000 // no cap unless a case sets one
 			if tc.cfg != nil {
 				tc.cfg(&c)
 			}
@@ -157,6 +174,7 @@ func TestNextTable(t *testing.T) {
 	lim := Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
 	def := lim.Default()
 	c := DefaultConfig()
+	c.FloorPermille, c.HeadroomPermille = 100, 100_000
 	hot := int64(10_000_000)
 	for _, tc := range []struct {
 		name string
@@ -200,6 +218,19 @@ func TestNextTable(t *testing.T) {
 			want: Share{RateMilli: 175_000, BurstMilli: 175_000},
 		},
 		{
+			name: "needs come first: a want of a region using less than its claim waits",
+			// slack 100k; region 0 (demand above its claim) and region 1
+			// (demand below its claim, asking to return to the default)
+			// both want: the need takes all the slack it can use.
+			in: []RegionInput{
+				{DemandMilli: hot, Claim: def, Want: Share{150_000, 150_000}},
+				{DemandMilli: 0, Claim: Share{50_000, 50_000}, Want: Share{50_000, 50_000}},
+				live(0, Share{50_000, 50_000}),
+			},
+			mode: Grow,
+			want: Share{RateMilli: 200_000, BurstMilli: 200_000},
+		},
+		{
 			name: "a silent region counts as the default in the slack",
 			in:   []RegionInput{{DemandMilli: hot, Claim: Share{10_000, 10_000}, Want: Share{190_000, 190_000}}, {Silent: true}, live(0, Share{10_000, 10_000})},
 			mode: Grow,
@@ -232,9 +263,62 @@ func TestNextTable(t *testing.T) {
 	}
 }
 
+func TestKeep(t *testing.T) {
+	lim := Limit{RateMilli: 300_000, BurstMilli: 600_000, Regions: 3}
+	def := lim.Default() // 100_000, 200_000
+	c := DefaultConfig()
+	c.FloorPermille, c.HeadroomPermille = 100, 1500
+	for _, tc := range []struct {
+		name   string
+		claim  Share
+		demand int64
+		want   Share
+	}{
+		{"demand gone: shrink to the floor", Share{280_000, 560_000}, 0, Share{10_000, 20_000}},
+		{"demand fell: keep headroom over it", Share{280_000, 560_000}, 100_000, Share{150_000, 300_000}},
+		{"demand still uses the claim: keep it", Share{280_000, 560_000}, 200_000, Share{280_000, 560_000}},
+		{"at or below the default: keep it", def, 0, def},
+		{"below the default: keep it", Share{40_000, 80_000}, 0, Share{40_000, 80_000}},
+		{"headroom just above the default: shrink to it", Share{280_000, 560_000}, 70_000, Share{105_000, 210_000}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := c.Keep(lim, tc.claim, tc.demand)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+	_, err := c.Keep(lim, Share{RateMilli: 400_000}, 0)
+	require.ErrorIs(t, err, ErrInput)
+	assert.Contains(t, err.Error(), "Claim.RateMilli")
+	_, err = c.Keep(lim, def, -1)
+	require.ErrorIs(t, err, ErrInput)
+	assert.Contains(t, err.Error(), "DemandMilli")
+
+	// Properties: never above the claim, never mixed, never below what
+	// the demand needs (with headroom) unless the claim was.
+	r := rand.New(rand.NewPCG(7, 8))
+	for iter := 0; iter < 20_000; iter++ {
+		lim := randLimit(r)
+		c := randConfig(r)
+		claim := randClaims(r, lim)[0]
+		if lim.Mixed(claim) {
+			continue
+		}
+		dm := randDemand(r, lim)
+		got, err := c.Keep(lim, claim, dm)
+		require.NoError(t, err)
+		require.LessOrEqual(t, got.RateMilli, claim.RateMilli, "iter %d", iter)
+		require.LessOrEqual(t, got.BurstMilli, claim.BurstMilli, "iter %d", iter)
+		require.False(t, lim.Mixed(got), "iter %d", iter)
+		need := min(mulDiv(min(dm, lim.RateMilli), c.HeadroomPermille, 1000), claim.RateMilli)
+		require.GreaterOrEqual(t, got.RateMilli, min(need, lim.Default().RateMilli), "iter %d", iter)
+	}
+}
+
 func TestWant(t *testing.T) {
 	lim := Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
 	c := DefaultConfig()
+	c.FloorPermille = 100
 	w, err := c.Want(lim, 0, []RegionInput{live(10_000_000, lim.Default()), live(0, lim.Default()), live(0, lim.Default())})
 	require.NoError(t, err)
 	assert.Equal(t, Share{RateMilli: 180_000, BurstMilli: 180_000}, w)
@@ -313,6 +397,14 @@ func refTargets(c Config, lim Limit, in []RegionInput) []Share {
 		left := rest - sumAt(lo)
 		for k, i := range idx {
 			a := floor + given[k]
+			// The headroom cap: max(default, demand*H), demand as above.
+			dm := in[i].DemandMilli
+			if d == 1 {
+				x := new(big.Int).Mul(big.NewInt(min(dm, lim.RateMilli)), big.NewInt(lim.BurstMilli))
+				dm = x.Quo(x, big.NewInt(lim.RateMilli)).Int64()
+			}
+			x := new(big.Int).Mul(big.NewInt(min(dm, total)), big.NewInt(c.HeadroomPermille))
+			capped := max(dflt, x.Quo(x, big.NewInt(1000)).Int64())
 			var extra int64
 			if sum == 0 {
 				extra = left / n
@@ -325,7 +417,7 @@ func refTargets(c Config, lim Limit, in []RegionInput) []Share {
 				x := new(big.Rat).Mul(share, new(big.Rat).SetInt64(left))
 				extra = new(big.Int).Quo(x.Num(), x.Denom()).Int64()
 			}
-			set(&out[i], d, a+extra)
+			set(&out[i], d, min(a+extra, capped))
 		}
 		for i, r := range in {
 			if r.Silent {
@@ -364,6 +456,8 @@ func randConfig(r *rand.Rand) Config {
 		ReservePermille: r.Int64N(3) * r.Int64N(501) / 2,
 		SpreadPermille:  r.Int64N(1001),
 		DampingPermille: 1 + r.Int64N(1000),
+		// Half the time no cap in practice.
+		HeadroomPermille: []int64{1000 + r.Int64N(3000), 100_000}[r.IntN(2)],
 	}
 }
 
@@ -460,6 +554,11 @@ func TestGrowthIsSafeAcrossViews(t *testing.T) {
 			w, err := c.Want(lim, i, published)
 			require.NoError(t, err)
 			published[i].Want = w
+			if r.IntN(3) == 0 {
+				// Wants are published from an older view than the
+				// decision's: any want must be safe.
+				published[i].Want = Share{RateMilli: r.Int64N(lim.RateMilli + 1), BurstMilli: r.Int64N(lim.BurstMilli + 1)}
+			}
 		}
 		var sumR, sumB int64
 		for self := 0; self < n; self++ {
