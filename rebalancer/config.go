@@ -29,12 +29,22 @@ type Config struct {
 	// SilenceEpochs is K, in epochs: a region falls back to the safe share
 	// after K epochs without hearing from some region (or without that
 	// region hearing it), and the others assume it at exactly the safe
-	// share after K+1 epochs without a report from it. >= 2; default 3.
+	// share after K+1 epochs without a report from it. >= 2; default 5
+	// (with 3, a lossy bus made regions fall back whenever another missed
+	// two of their reports in a row).
 	SilenceEpochs int64
 	// SmoothingPermille is the weight of the newest epoch in the smoothed
 	// demand (an exponentially weighted moving average), in permille,
 	// 1..1000. Default 500.
 	SmoothingPermille int64
+	// RiseSmoothingPermille is the weight of the newest epoch in the
+	// smoothed demand when its demand rate is above the smoothed demand, in
+	// permille, 1..1000. Demand counts rejected attempts, so a rise is
+	// real demand, but following it at once (1000) makes shares of regions
+	// below the water level noisier; default 500, as SmoothingPermille.
+	// Whatever the weights, the smoothed demand is never above the newest
+	// rate times Shares.HeadroomPermille, so a fall is followed at once.
+	RiseSmoothingPermille int64
 	// IdleTTLEpochs is the lifetime, in epochs, of a share record at or
 	// below the default share; the Core refreshes such records every
 	// IdleTTLEpochs/2 epochs. >= 2*(SilenceEpochs+2); default 360 (1 hour of
@@ -44,8 +54,18 @@ type Config struct {
 	// WarmupEpochs is how many epochs a new Core stays silent (publishes no
 	// report) and in fallback, so that share records a previous coordinator
 	// of this region wrote above the default expire before this one claims
-	// anything. >= SilenceEpochs+1; default SilenceEpochs+1.
+	// anything. >= SilenceEpochs+1; default SilenceEpochs+1 (6).
 	WarmupEpochs int64
+	// ShrinkAtCollect makes Collect give up, before the report is
+	// published, the share the epoch's demand shows this region does not
+	// need (shares.Config.Keep), and return those records in
+	// Published.Updates. The report then claims the smaller share, so the
+	// others can grow into it at their decision of the same epoch: one
+	// epoch less lag on every shift of demand. Only a driver that writes
+	// Published.Updates before it publishes the report may set it (the
+	// simulator's does); with a driver that ignores them the enforced sum
+	// could exceed L. Default false.
+	ShrinkAtCollect bool
 	// Shares tunes the share computation; see package shares.
 	Shares shares.Config
 }
@@ -53,13 +73,14 @@ type Config struct {
 // DefaultConfig returns the defaults; Region and Regions are empty.
 func DefaultConfig() Config {
 	return Config{
-		Epoch:             10 * time.Second,
-		MaxWait:           2 * time.Second,
-		SilenceEpochs:     3,
-		SmoothingPermille: 500,
-		IdleTTLEpochs:     360,
-		WarmupEpochs:      4,
-		Shares:            shares.DefaultConfig(),
+		Epoch:                 10 * time.Second,
+		MaxWait:               2 * time.Second,
+		SilenceEpochs:         5,
+		SmoothingPermille:     500,
+		RiseSmoothingPermille: 500,
+		IdleTTLEpochs:         360,
+		WarmupEpochs:          6,
+		Shares:                shares.DefaultConfig(),
 	}
 }
 
@@ -78,6 +99,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SmoothingPermille == 0 {
 		c.SmoothingPermille = def.SmoothingPermille
+	}
+	if c.RiseSmoothingPermille == 0 {
+		c.RiseSmoothingPermille = def.RiseSmoothingPermille
 	}
 	if c.IdleTTLEpochs == 0 {
 		c.IdleTTLEpochs = max(def.IdleTTLEpochs, 2*(c.SilenceEpochs+2))
@@ -100,6 +124,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: SilenceEpochs %d < 2", ErrConfig, c.SilenceEpochs)
 	case c.SmoothingPermille < 1 || c.SmoothingPermille > 1000:
 		return fmt.Errorf("%w: SmoothingPermille %d not in 1..1000", ErrConfig, c.SmoothingPermille)
+	case c.RiseSmoothingPermille < 1 || c.RiseSmoothingPermille > 1000:
+		return fmt.Errorf("%w: RiseSmoothingPermille %d not in 1..1000", ErrConfig, c.RiseSmoothingPermille)
 	case c.IdleTTLEpochs < 2*(c.SilenceEpochs+2):
 		return fmt.Errorf("%w: IdleTTLEpochs %d < 2*(SilenceEpochs+2) = %d", ErrConfig, c.IdleTTLEpochs, 2*(c.SilenceEpochs+2))
 	case c.WarmupEpochs < c.SilenceEpochs+1:

@@ -84,7 +84,8 @@ type Stats struct {
 	LateDecisions  int64 // decisions forced by Collect (no growth)
 	GrowDecisions  int64 // decisions in mode Grow
 	FallbackEpochs int64 // decisions in mode Fallback
-	Updates        int64 // updates returned
+	Updates        int64 // updates returned (by Decide, Collect and late decisions)
+	Kept           int64 // key-epochs whose share shrank at collection (shares.Config.Keep)
 }
 
 // Published is what Collect returns.
@@ -98,6 +99,13 @@ type Published struct {
 	// had not been made and is made now without growth. Write its updates
 	// before publishing Report.
 	Late *Decision
+	// Updates are share records to write after Late's and before
+	// publishing Report: the shares this region gives up at collection,
+	// because the epoch's demand shows it does not need them (see
+	// Config.ShrinkAtCollect and shares.Config.Keep). Report claims these smaller shares, so it must
+	// not be published until they are written. Sorted by key; the caller
+	// owns the slice.
+	Updates []Update
 }
 
 // Decision is the result of deciding one epoch.
@@ -245,10 +253,9 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 			}
 		}
 	}
-	alpha := c.cfg.SmoothingPermille
 	for k, st := range c.keys {
 		rate := min(shares.MulDiv(st.demand, 1_000_000, c.epochMs), 1<<60)
-		st.smoothed = shares.MulDiv(st.smoothed, 1000-alpha, 1000) + shares.MulDiv(rate, alpha, 1000)
+		st.smoothed = c.smooth(st.smoothed, rate)
 		st.want = shares.Share{}
 		lim, ok := c.limit(k.PolicyID)
 		if !ok {
@@ -257,6 +264,17 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 		}
 		if !st.known {
 			st.share, st.known = lim.Default(), true
+		}
+		// Give up now what the epoch's demand shows is not needed, so the
+		// report claims the smaller share and the others can grow into
+		// it at their decision of this very epoch. Never during warm-up
+		// (see decide).
+		if !warm && c.cfg.ShrinkAtCollect {
+			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), rate); err == nil && kept != st.share && kept != clamp(st.share, lim) {
+				out.Updates = append(out.Updates, c.record(k, st, lim, kept, m))
+				st.share = kept
+				c.stats.Kept++
+			}
 		}
 		if !warm && !c.fallback {
 			if w, err := c.cfg.Shares.Want(lim, c.self, c.inputs(k, st, lim, m, true)); err == nil {
@@ -276,6 +294,10 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 			return cmp.Or(cmp.Compare(a.PolicyID, b.PolicyID), cmp.Compare(a.Subject, b.Subject))
 		})
 	}
+	slices.SortFunc(out.Updates, func(a, b Update) int {
+		return cmp.Or(cmp.Compare(a.PolicyID, b.PolicyID), cmp.Compare(a.Subject, b.Subject))
+	})
+	c.stats.Updates += int64(len(out.Updates))
 	c.published, c.pending, c.ownReport = m, true, rep != nil
 	out.Report = rep
 	return out, nil
@@ -464,17 +486,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		// coordinator may still be counted by the others at its last
 		// claims, and any write (even the default) could raise them.
 		if !warm && (next != st.share || !st.synced || refresh) {
-			u := Update{Key: key, Share: next}
-			switch {
-			case next == def:
-				u.Delete = true
-			case lim.AboveDefault(next):
-				u.ExpireAt = EpochStart(m+k+1, c.cfg.Epoch)
-			default:
-				u.ExpireAt = EpochStart(m+c.cfg.IdleTTLEpochs, c.cfg.Epoch)
-			}
-			d.Updates = append(d.Updates, u)
-			st.synced, st.record, st.writtenAt, st.short = true, !u.Delete, m, lim.AboveDefault(next)
+			d.Updates = append(d.Updates, c.record(key, st, lim, next, m))
 		}
 		st.share = next
 		if st.share == def && !st.record && st.smoothed == 0 && st.demand == 0 && st.synced {
@@ -500,6 +512,37 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 	}
 	c.stats.Updates += int64(len(d.Updates))
 	return d
+}
+
+// record returns the update that writes share next for key, decided or
+// kept at epoch m, and notes the write in st.
+func (c *Core) record(key Key, st *keyState, lim shares.Limit, next shares.Share, m int64) Update {
+	u := Update{Key: key, Share: next}
+	switch {
+	case next == lim.Default():
+		u.Delete = true
+	case lim.AboveDefault(next):
+		u.ExpireAt = EpochStart(m+c.cfg.SilenceEpochs+1, c.cfg.Epoch)
+	default:
+		u.ExpireAt = EpochStart(m+c.cfg.IdleTTLEpochs, c.cfg.Epoch)
+	}
+	st.synced, st.record, st.writtenAt, st.short = true, !u.Delete, m, lim.AboveDefault(next)
+	return u
+}
+
+// smooth returns the next smoothed demand from the previous one and the
+// rate of the epoch just ended (milli units per second): an exponentially
+// weighted moving average with weight RiseSmoothingPermille when the rate
+// is above it and SmoothingPermille otherwise, and never above the rate
+// times the headroom (shares.Config.HeadroomPermille), so demand that fell
+// is seen at once, as Keep sees it.
+func (c *Core) smooth(prev, rate int64) int64 {
+	a := c.cfg.SmoothingPermille
+	if rate > prev {
+		a = c.cfg.RiseSmoothingPermille
+	}
+	next := shares.MulDiv(prev, 1000-a, 1000) + shares.MulDiv(rate, a, 1000)
+	return min(next, shares.MulDiv(rate, c.cfg.Shares.HeadroomPermille, 1000))
 }
 
 // reportFor returns region i's report for epoch m, or its latest report

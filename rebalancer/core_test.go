@@ -26,7 +26,10 @@ func testConfig(region string, regions ...string) Config {
 
 func threeRegionCluster(t *testing.T, n net) *cluster {
 	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}}
-	c := newCluster(t, rand.New(rand.NewPCG(1, 1)), three, DefaultConfig(), pol, []Key{hot}, n)
+	cfg := DefaultConfig()
+	// The tests on this cluster count epochs for K = 3.
+	cfg.SilenceEpochs, cfg.WarmupEpochs = 3, 4
+	c := newCluster(t, rand.New(rand.NewPCG(1, 1)), three, cfg, pol, []Key{hot}, n)
 	c.fixRegions()
 	c.deliverFirst = true
 	return c
@@ -65,8 +68,10 @@ func TestConfigValidate(t *testing.T) {
 	require.NoError(t, cfg.Validate())
 	assert.Equal(t, 10*time.Second, cfg.Epoch)
 	assert.Equal(t, 2*time.Second, cfg.MaxWait)
-	assert.Equal(t, int64(3), cfg.SilenceEpochs)
-	assert.Equal(t, int64(4), cfg.WarmupEpochs)
+	assert.Equal(t, int64(5), cfg.SilenceEpochs)
+	assert.Equal(t, int64(6), cfg.WarmupEpochs)
+	assert.Equal(t, int64(500), cfg.RiseSmoothingPermille)
+	assert.False(t, cfg.ShrinkAtCollect)
 	assert.Equal(t, int64(360), cfg.IdleTTLEpochs)
 	for _, tc := range []struct {
 		mut   func(*Config)
@@ -81,6 +86,7 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.MaxWait = 6 * time.Second }, "MaxWait"},
 		{func(c *Config) { c.SilenceEpochs = 1 }, "SilenceEpochs"},
 		{func(c *Config) { c.SmoothingPermille = 1001 }, "SmoothingPermille"},
+		{func(c *Config) { c.RiseSmoothingPermille = 1001 }, "RiseSmoothingPermille"},
 		{func(c *Config) { c.IdleTTLEpochs = 5 }, "IdleTTLEpochs"},
 		{func(c *Config) { c.WarmupEpochs = 2 }, "WarmupEpochs"},
 		{func(c *Config) { c.Shares.FloorPermille = -1 }, "FloorPermille"},
@@ -170,6 +176,34 @@ func TestTimeline(t *testing.T) {
 	}
 	assert.Equal(t, 2, writes, "refreshes only: %+v", eu.decisions[10:14])
 	assert.Equal(t, s, c.share("eu", hot, e0+14))
+}
+
+// TestShrinkAtCollectFollowsAShiftInOneEpoch: with ShrinkAtCollect the old
+// region gives up its share in the report of the epoch the demand moved,
+// so the new region takes nearly all of the limit at the decision of that
+// same epoch (the harness checks the enforced sum after every write, the
+// collection's writes included).
+func TestShrinkAtCollectFollowsAShiftInOneEpoch(t *testing.T) {
+	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}}
+	cfg := DefaultConfig()
+	cfg.ShrinkAtCollect = true
+	c := newCluster(t, rand.New(rand.NewPCG(1, 1)), three, cfg, pol, []Key{hot}, perfect{})
+	c.fixRegions()
+	c.deliverFirst = true
+	lim := c.policies["api"]
+	for e := e0; e < e0+10; e++ {
+		c.step(e, demandIn(c, "eu", 50_000))
+	}
+	require.GreaterOrEqual(t, c.share("eu", hot, e0+10).RateMilli, lim.RateMilli*9/10)
+	c.step(e0+10, demandIn(c, "us", 50_000))
+	us, eu := c.share("us", hot, e0+11), c.share("eu", hot, e0+11)
+	assert.GreaterOrEqual(t, us.RateMilli, lim.RateMilli*9/10, "one epoch: us %+v eu %+v", us, eu)
+	assert.LessOrEqual(t, eu.RateMilli, lim.Default().RateMilli/10, "eu gave its share up at collection")
+	var kept int64
+	for _, h := range c.regs {
+		kept += h.core.Stats().Kept
+	}
+	assert.Positive(t, kept)
 }
 
 func TestDemandMovesAndSharesFollowWithinTwoEpochs(t *testing.T) {
@@ -426,7 +460,7 @@ func TestUnknownAndMisfitPoliciesAreSkippedAndCounted(t *testing.T) {
 	cfg := a.Config()
 	cfg.WarmupEpochs = cfg.SilenceEpochs + 1
 	var last Published
-	for e := e0; e < e0+5; e++ {
+	for e := e0; e < e0+cfg.WarmupEpochs+1; e++ {
 		p, err := a.Collect(EpochStart(e+1, 10*time.Second), []Usage{
 			{Key: Key{PolicyID: "gone", Subject: "s"}, Demand: 3},
 			{Key: Key{PolicyID: "three", Subject: "s"}, Demand: 3},

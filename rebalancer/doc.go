@@ -16,8 +16,14 @@
 //  1. calls Collect(now, usage of epoch m). If the decision of epoch m-1 was
 //     still pending it is made now, late, without growth (Published.Late);
 //     the driver writes its updates first. Collect updates each key's
-//     smoothed demand (EWMA of demand per second, milli units; demand counts
-//     every attempt, allowed or not, so shares cannot lock in) and returns
+//     smoothed demand (EWMA of demand per second, milli units, weighted by
+//     RiseSmoothingPermille when demand rose and SmoothingPermille when it
+//     fell, and never above the epoch's rate times the headroom, so a fall
+//     is seen at once; demand counts every attempt, allowed or not, so
+//     shares cannot lock in). With Config.ShrinkAtCollect it also gives up
+//     the share the epoch's demand shows is not needed (shares.Config.Keep)
+//     and returns those records in Published.Updates: the driver writes
+//     them before it publishes. Collect returns
 //     the report: per key demand, admitted, smoothed demand, the share this
 //     region enforces now (its claim) and its want (how much it asks to
 //     grow); plus heard (the last epoch received from each region) and seq
@@ -37,7 +43,7 @@
 //
 // # The decision and the partition rule
 //
-// With K = Config.SilenceEpochs (default 3), at the decision of epoch m:
+// With K = Config.SilenceEpochs (default 5), at the decision of epoch m:
 //
 //   - Region q is silent when this region has no report from q of epochs
 //     m-K..m (K+1 epochs); it is then assumed at exactly the safe share,
@@ -55,10 +61,14 @@
 //
 // Claims are upper bounds: between publishing its report of epoch m and
 // deciding epoch m a region only shrinks (the decision of m-1 is made
-// before the report of m is published, late if need be). A region grows
-// only at a timely decision of epoch m, by at most floor(slack*w_r/W) with
-// slack = L - Σ claims of epoch m, w_r its published want and W the sum of
-// the published wants. Every region with a positive want of epoch m is
+// before the report of m is published, late if need be; the shrink at
+// collection is written before the report that claims it is published).
+// A region grows only at a timely decision of epoch m, by at most
+// floor(slack*w_r/W) with slack = L - Σ claims of epoch m, w_r its
+// published want and W the sum of the published wants of the regions
+// that need (published demand above claim) if any, else of all (and a
+// region that does not need grows by 0 when some region needs); which
+// regions need is read from the same published reports in every view. Every region with a positive want of epoch m is
 // present in every growing view of epoch m: if a growing region lacked its
 // report, the view would be incomplete (no growth) or the region silent,
 // and a silent region was in fallback at its decision of m-1 (it missed

@@ -174,6 +174,7 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 			h.decisions = append(h.decisions, *pub.Late)
 			c.apply(h, end, pub.Late.Updates)
 		}
+		c.apply(h, end, pub.Updates)
 		if pub.Report == nil {
 			continue
 		}

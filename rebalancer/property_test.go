@@ -78,11 +78,14 @@ func randScenario(r *rand.Rand) scenario {
 	s.cfg.WarmupEpochs = s.cfg.SilenceEpochs + 1 + r.Int64N(2)
 	s.cfg.IdleTTLEpochs = 2*(s.cfg.SilenceEpochs+2) + r.Int64N(10)
 	s.cfg.SmoothingPermille = 1 + r.Int64N(1000)
+	s.cfg.RiseSmoothingPermille = 1 + r.Int64N(1000)
+	s.cfg.ShrinkAtCollect = r.IntN(4) != 0
 	s.cfg.Shares = shares.Config{
-		FloorPermille:   r.Int64N(1001),
-		ReservePermille: r.Int64N(2) * r.Int64N(300),
-		SpreadPermille:  r.Int64N(1001),
-		DampingPermille: 1 + r.Int64N(1000),
+		FloorPermille:    r.Int64N(1001),
+		ReservePermille:  r.Int64N(2) * r.Int64N(300),
+		SpreadPermille:   r.Int64N(1001),
+		DampingPermille:  1 + r.Int64N(1000),
+		HeadroomPermille: 1000 + r.Int64N(3000),
 	}
 	s.pol = PolicyMap{}
 	for p := 0; p < 1+r.IntN(3); p++ {

@@ -11,9 +11,10 @@ import (
 
 // RebalancerCoordinator drives the production rebalancer.Core exactly as
 // a coordinator's driver does (see the rebalancer package doc): at each
-// epoch boundary Collect (write a late decision's updates, then publish the
-// report); Receive every report the bus delivers; Decide as soon as Due,
-// that is when the view is complete or, at the latest, at the Core's
+// epoch boundary Collect (write a late decision's updates and the shares
+// given up at collection, then publish the report); Receive every report
+// the bus delivers; Decide as soon as Due, that is when the view is
+// complete or, at the latest, at the Core's
 // Deadline (a wake-up). Updates become share records in the region's store:
 // a Delete installs the default share (what a missing record means), an
 // ExpireAt becomes the record's TTL.
@@ -27,10 +28,13 @@ type RebalancerCoordinator struct {
 
 // NewRebalancerCoordinator returns a NewCoordinator that builds a
 // RebalancerCoordinator per region from cfg (Region, Regions and Epoch are
-// set from the scenario; zero fields get the rebalancer's defaults).
+// set from the scenario, and ShrinkAtCollect is on; zero fields get the
+// rebalancer's defaults).
 func NewRebalancerCoordinator(cfg rebalancer.Config) NewCoordinator {
 	return func(info RegionInfo) (Coordinator, error) {
 		c := cfg
+		// This adapter writes Published.Updates before it publishes.
+		c.ShrinkAtCollect = true
 		c.Region = info.Regions[info.Self]
 		c.Regions = info.Regions
 		c.Epoch = info.Epoch
@@ -94,6 +98,9 @@ func (c *RebalancerCoordinator) Tick(now time.Time, boundary bool, usage []Usage
 			if err := c.updates(now, pub.Late.Updates, &res); err != nil {
 				return TickResult{Err: err}
 			}
+		}
+		if err := c.updates(now, pub.Updates, &res); err != nil {
+			return TickResult{Err: err}
 		}
 		if pub.Report != nil {
 			res.Publish = append(res.Publish, pub.Report)
