@@ -1,8 +1,10 @@
 package simulations
 
 import (
+	"slices"
 	"time"
 
+	"github.com/quotientlabs/quotient/dailyquota"
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/rebalancer"
 )
@@ -71,6 +73,17 @@ type WindowCount struct {
 	Count                   int64
 }
 
+// WindowCap sets (Cap >= 0) or removes (Cap < 0) this region's cap in the
+// window starting at WindowStartMs (Unix ms, length WindowMs) of a global
+// fixed-window policy for one subject: what
+// limiter.MemoryStore.SetWindowCap takes (the remainder split of issue 6).
+type WindowCap struct {
+	Policy                  string
+	Subject                 limiter.Subject
+	WindowStartMs, WindowMs int64
+	Cap                     int64
+}
+
 // TickResult is what one Tick or Receive asks of the engine.
 type TickResult struct {
 	// Publish is sent on the bus to every other region.
@@ -86,6 +99,9 @@ type TickResult struct {
 	// region's store (limiter.MemoryStore.MergeWindowCount): the seam for
 	// the daily-quota replication of issue 6.
 	Windows []WindowCount
+	// Caps are this region's window caps to set in its store
+	// (limiter.MemoryStore.SetWindowCap), after Windows.
+	Caps []WindowCap
 	// Err, when set, aborts the run as an internal error (a coordinator
 	// that cannot go on); the rest of the result is ignored.
 	Err error
@@ -108,30 +124,42 @@ type RegionInfo struct {
 	// of one subject and global fixed-window policy at now (what a
 	// daily-quota replicator reads from its region's Redis).
 	WindowCounts func(now time.Time, subject limiter.Subject, policyID string) limiter.WindowCounts
+	// Served returns what this region's gateways have counted since its
+	// last epoch boundary, in the form of Tick's usage (the engine's own
+	// records; what a daily-quota replicator learns from the gateways'
+	// usage counts to find the active keys). The caller owns the result.
+	Served func() []Usage
 }
 
 // Combine runs several coordinators in one region (the rebalancer and the
 // daily-quota replication share a coordinator process): every call goes to
-// each in order, their results are concatenated and the earliest wake-up
-// wins (the others then get an early wake-up Tick, which coordinators
-// must tolerate). Each must ignore payloads that are not its own.
+// each in order and their results are concatenated. A TickResult holds one
+// wake-up, so the earliest asked for is returned and the others are kept
+// and returned by later calls (at the latest by the Tick of that earliest
+// wake-up), so none is lost; every coordinator gets the others' wake-up
+// Ticks too, which coordinators must tolerate. Each must ignore payloads
+// that are not its own.
 func Combine(builders ...NewCoordinator) NewCoordinator {
 	return func(info RegionInfo) (Coordinator, error) {
-		var cs combined
+		cs := &combined{}
 		for _, b := range builders {
 			c, err := b(info)
 			if err != nil {
 				return nil, err
 			}
-			cs = append(cs, c)
+			cs.cs = append(cs.cs, c)
 		}
 		return cs, nil
 	}
 }
 
-type combined []Coordinator
+type combined struct {
+	cs []Coordinator
+	// wakes asked for and not yet handed to the engine, sorted.
+	wakes []time.Time
+}
 
-func (cs combined) merge(results []TickResult) TickResult {
+func (cs *combined) merge(now time.Time, results []TickResult) TickResult {
 	var out TickResult
 	for _, r := range results {
 		if r.Err != nil {
@@ -140,27 +168,39 @@ func (cs combined) merge(results []TickResult) TickResult {
 		out.Publish = append(out.Publish, r.Publish...)
 		out.Shares = append(out.Shares, r.Shares...)
 		out.Windows = append(out.Windows, r.Windows...)
-		if !r.Wake.IsZero() && (out.Wake.IsZero() || r.Wake.Before(out.Wake)) {
-			out.Wake = r.Wake
+		out.Caps = append(out.Caps, r.Caps...)
+		if !r.Wake.IsZero() {
+			cs.wakes = append(cs.wakes, r.Wake)
 		}
+	}
+	slices.SortFunc(cs.wakes, time.Time.Compare)
+	cs.wakes = slices.CompactFunc(cs.wakes, time.Time.Equal)
+	i := 0
+	for i < len(cs.wakes) && !cs.wakes[i].After(now) {
+		i++
+	}
+	cs.wakes = cs.wakes[i:]
+	if len(cs.wakes) > 0 {
+		out.Wake = cs.wakes[0]
+		cs.wakes = cs.wakes[1:]
 	}
 	return out
 }
 
-func (cs combined) Receive(now time.Time, msg Message) TickResult {
-	results := make([]TickResult, len(cs))
-	for i, c := range cs {
+func (cs *combined) Receive(now time.Time, msg Message) TickResult {
+	results := make([]TickResult, len(cs.cs))
+	for i, c := range cs.cs {
 		results[i] = c.Receive(now, msg)
 	}
-	return cs.merge(results)
+	return cs.merge(now, results)
 }
 
-func (cs combined) Tick(now time.Time, boundary bool, usage []Usage) TickResult {
-	results := make([]TickResult, len(cs))
-	for i, c := range cs {
+func (cs *combined) Tick(now time.Time, boundary bool, usage []Usage) TickResult {
+	results := make([]TickResult, len(cs.cs))
+	for i, c := range cs.cs {
 		results[i] = c.Tick(now, boundary, usage)
 	}
-	return cs.merge(results)
+	return cs.merge(now, results)
 }
 
 // NewCoordinator builds the coordinator of one region. It may fail on a
@@ -185,7 +225,13 @@ func (StaticCoordinator) Tick(time.Time, bool, []Usage) TickResult { return Tick
 
 // DefaultCoordinator builds the coordinator runs use when Options names
 // none: the production rebalancer core with its default configuration
-// (the epoch comes from the scenario).
+// (the epoch comes from the scenario) and, when the scenario has global
+// fixed windows, combined with the production daily-quota replication with
+// its defaults (NewDailyQuotaCoordinator), as in a coordinator process.
 func DefaultCoordinator(info RegionInfo) (Coordinator, error) {
-	return NewRebalancerCoordinator(rebalancer.DefaultConfig())(info)
+	reb := NewRebalancerCoordinator(rebalancer.DefaultConfig())
+	if len(WindowPolicies(info.Policies)) == 0 {
+		return reb(info)
+	}
+	return Combine(reb, NewDailyQuotaCoordinator(dailyquota.DefaultDriverConfig("", nil, nil)))(info)
 }

@@ -12,16 +12,21 @@
 // clock, and one Coordinator. The default Coordinator drives the production
 // rebalancer.Core (and through it package shares) exactly as a coordinator
 // driver does; its updates become share records via MemoryStore.SetShare.
-// StaticCoordinator (fixed L/n shares) is the baseline. Scenario policies
-// are parsed by limiter.ParsePolicy: they are product policy documents.
+// When the scenario has global fixed_window policies it is combined
+// (Combine) with DailyQuotaCoordinator, which drives the production
+// dailyquota.Driver (Pass every second, Deliver per received count): its
+// counts travel on the engine's bus and are merged with
+// MemoryStore.MergeWindowCount, its remainder-split caps set with
+// MemoryStore.SetWindowCap, and it finds the active keys in the engine's
+// records of what each region served (RegionInfo.Served).
+// StaticCoordinator (fixed L/n shares, no replication: each region spends
+// a global fixed window on its own counts) is the baseline. Scenario
+// policies are parsed by limiter.ParsePolicy: they are product policy
+// documents.
 //
-// Nothing here re-implements the limiter or the share computation. Two
-// parts are modelled in the engine because the product has no entry point
-// for them yet: the store_down fallback (see fallbackPolicy, which mirrors
-// limiter/fallback.go: the resilience layer only applies to remote stores)
-// and replicated fixed windows (issue 6): a global fixed_window policy is
-// enforced by each region on its own counts, so a region may admit the
-// whole limit.
+// Nothing here re-implements the limiter, the share computation or the
+// daily-quota replication. The store_down fallback runs the limiter's own
+// CheckSubjectFallbackAt.
 //
 // # The engine
 //

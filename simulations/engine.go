@@ -356,7 +356,7 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 			return nil, fmt.Errorf("%w: limiter: %v", ErrInternal, err)
 		}
 		coord, err := opt.NewCoordinator(RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies, Subject: lookup,
-			WindowCounts: store.WindowCounts})
+			WindowCounts: store.WindowCounts, Served: func() []Usage { return e.served(r) }})
 		if err != nil {
 			return nil, fmt.Errorf("%w: coordinator of %s: %v", ErrInternal, sc.Regions[r], err)
 		}
@@ -491,7 +491,7 @@ func (e *engine) second(at int64) error {
 			if s, ok := rs.shares[k]; ok && at < s.expireNs {
 				share = s.milli
 			} else if p.Algorithm == limiter.FixedWindow {
-				share = p.Limit * 1000 // enforced locally in full until issue 6
+				share = p.Limit * 1000 // no share: the limit, on replicated counts
 			} else {
 				share = max(1, p.RateMilli()/n)
 			}
@@ -622,6 +622,9 @@ func (e *engine) apply(at int64, r int, now time.Time, res TickResult) {
 	}
 	for _, w := range res.Windows {
 		rs.store.MergeWindowCount(now, w.Subject, w.Policy, w.WindowStartMs, w.WindowMs, w.Region, w.Count)
+	}
+	for _, c := range res.Caps {
+		rs.store.SetWindowCap(now, c.Subject, c.Policy, c.WindowStartMs, c.WindowMs, c.Cap)
 	}
 	if !res.Wake.IsZero() {
 		w := res.Wake.UnixNano() - e.startNs - rs.skewNs

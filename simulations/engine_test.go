@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rebalancer"
 )
 
 func parse(t testing.TB, data string) *Scenario {
@@ -497,13 +498,14 @@ func (r *replicator) Tick(now time.Time, _ bool, _ []Usage) TickResult {
 
 func TestWindowReplicationSeam(t *testing.T) {
 	sc := loadScenario(t, "fixed-window-replicated")
-	alone := run(t, sc, Options{})
+	rebalancerOnly := NewRebalancerCoordinator(rebalancer.DefaultConfig())
+	alone := run(t, sc, Options{NewCoordinator: rebalancerOnly})
 	assert.Greater(t, alone.Worst.MaxOver, 1.0, "each region spends the whole limit on its own")
 
 	repl := func(info RegionInfo) (Coordinator, error) {
 		return &replicator{info: info, subject: limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "acct-day"}, policy: info.Policies[0]}, nil
 	}
-	rep := run(t, sc, Options{NewCoordinator: Combine(DefaultCoordinator, repl)})
+	rep := run(t, sc, Options{NewCoordinator: Combine(rebalancerOnly, repl)})
 	assert.True(t, rep.Pass, "worst %+v", rep.Worst)
 	assert.Less(t, rep.Worst.MaxOver, 0.01)
 }
