@@ -62,9 +62,9 @@ type Config struct {
 	// Published.Updates. The report then claims the smaller share, so the
 	// others can grow into it at their decision of the same epoch: one
 	// epoch less lag on every shift of demand. Only a driver that writes
-	// Published.Updates before it publishes the report may set it (the
-	// simulator's does); with a driver that ignores them the enforced sum
-	// could exceed L. Default false.
+	// Published.Updates before it publishes the report may set it (Driver
+	// and the simulator's do); with a driver that ignores them the enforced
+	// sum could exceed L. DefaultConfig sets it; the zero Config does not.
 	ShrinkAtCollect bool
 	// Shares tunes the share computation; see package shares.
 	Shares shares.Config
@@ -80,6 +80,7 @@ func DefaultConfig() Config {
 		RiseSmoothingPermille: 500,
 		IdleTTLEpochs:         360,
 		WarmupEpochs:          6,
+		ShrinkAtCollect:       true,
 		Shares:                shares.DefaultConfig(),
 	}
 }

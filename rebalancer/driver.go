@@ -339,6 +339,10 @@ func (d *Driver) collect(ctx context.Context, now time.Time) int64 {
 		t1 := d.clock.Now()
 		d.observeDecision(*pub.Late, true, t1.Sub(now), t1.Sub(t0), werr)
 	}
+	// Shrinks decided at collection (Config.ShrinkAtCollect): the report
+	// claims them, so they are written before it is published (the flush
+	// below runs first and nothing is published while writes fail).
+	d.enqueue(pub.Updates)
 	d.setStatus(func(s *Status) { s.LastCollect, s.LastEpoch = now, m })
 	if pub.Report != nil {
 		t0 := d.clock.Now()
