@@ -19,7 +19,11 @@ const passing = `{"name": "light", "seed": 1, "duration_s": 120, "regions": ["a"
   "traffic": [{"key": "k", "policies": ["p"], "rate": {"a": [[0, 5]], "b": [[0, 5]]}}]}`
 
 // failing misses its target: all demand in one region of two.
+// failing cannot meet its target: region a, where all the demand is, is cut
+// off from b for the whole run, so it never holds more than its default
+// half of the limit.
 const failing = `{"name": "heavy", "seed": 1, "duration_s": 120, "regions": ["a", "b"],
+  "network": {"partitions": [{"regions": ["a"], "from_s": 0, "to_s": 120}]},
   "policies": [{"id": "p", "scope": "global", "algorithm": "token_bucket", "rate_per_sec": 100, "burst": 100}],
   "traffic": [{"key": "k", "policies": ["p"], "rate": {"a": [[0, 300]]}}],
   "target": {"max_over": 0.15, "max_under": 0.01}}`
