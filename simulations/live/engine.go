@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotientlabs/quotient/dailyquota/kafkarepl"
 	"github.com/quotientlabs/quotient/internal/kafkautil"
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/rebalancer"
@@ -129,6 +130,7 @@ func (r *run) setup(ctx context.Context) error {
 		rc.Epoch, rc.MaxWait, rc.CollectDelay = r.t.epoch, r.t.maxWait, r.t.collect
 		rc.RedisAddrs = []string{r.cfg.RedisAddrs[rr.name]}
 		rc.KafkaBrokers, rc.Topic = r.cfg.KafkaBrokers, r.cfg.Topic
+		rc.DailyQuotaTopic = kafkarepl.DefaultTopic + "." + r.cfg.RunID
 		rc.Listen = "127.0.0.1:0"
 		rc.Policies = scaled
 		rc.Logger = r.log.With("region", rr.name)
@@ -261,9 +263,11 @@ dispatch:
 	workWG.Wait()
 	<-sampled
 	r.status = map[string]rebalancer.Status{}
+	r.cstats = map[string]CoordinatorStats{}
 	for _, rr := range r.regions {
 		if rr.coord != nil {
 			r.status[rr.name] = rr.coord.Status()
+			r.cstats[rr.name] = coordinatorStats(rr.coord.Registry())
 		}
 	}
 	stopBG()

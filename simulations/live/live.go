@@ -69,7 +69,8 @@ type Config struct {
 	// room.
 	MaxWait time.Duration
 	// CollectDelay is how long after an epoch ends a coordinator collects
-	// its usage, real time. Default 2 x FlushInterval, below MaxWait.
+	// its usage, real time. Default FlushInterval (production: 1 s and
+	// 1 s), at most MaxWait/2.
 	CollectDelay time.Duration
 	// Workers is the number of concurrent gateway callers per region.
 	// Default 8.
@@ -168,7 +169,7 @@ func (c *Config) validate(sc *simulations.Scenario, now time.Time) (timing, erro
 		c.MaxWait = t.epoch / 2
 	}
 	if c.CollectDelay == 0 {
-		c.CollectDelay = min(2*c.FlushInterval, c.MaxWait/2)
+		c.CollectDelay = min(c.FlushInterval, c.MaxWait/2)
 	}
 	switch {
 	case c.FlushInterval < 0:
@@ -208,6 +209,8 @@ type Stats struct {
 	// unwritten updates), by region; empty when the scenario has no global
 	// bucket policy (no coordinator runs).
 	Coordinators map[string]rebalancer.Status
+	// CoordinatorStats is what each region's coordinator did, by region.
+	CoordinatorStats map[string]CoordinatorStats
 }
 
 // gateway is one limiter (the policies of one set of traffic entries) of
@@ -253,6 +256,7 @@ type run struct {
 	rec *simulations.Recorder
 
 	status map[string]rebalancer.Status // taken before the coordinators stop
+	cstats map[string]CoordinatorStats
 
 	requests, fallback, denied, late atomic.Int64
 	maxLateNs                        atomic.Int64
@@ -311,7 +315,7 @@ func Run(ctx context.Context, sc *simulations.Scenario, cfg Config) (*simulation
 		TimeScale: cfg.TimeScale, Start: r.start,
 		Requests: r.requests.Load(), Fallback: r.fallback.Load(), DenyCache: r.denied.Load(),
 		MaxLateness: time.Duration(r.maxLateNs.Load()), Late: r.late.Load(),
-		Coordinators: r.status,
+		Coordinators: r.status, CoordinatorStats: r.cstats,
 	}
 	return rep, st, nil
 }

@@ -1,0 +1,60 @@
+package live
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// CoordinatorStats is what one region's coordinator did during a run,
+// read from its metrics.
+type CoordinatorStats struct {
+	// Decisions counts decisions by mode ("grow", "hold", "fallback"),
+	// with " late" appended for decisions made at the next collection.
+	Decisions map[string]int64
+	// Reports counts the other regions' reports received.
+	Reports int64
+	// MeanReportLag is the mean time from the end of a report's epoch to
+	// its receipt, real time (it includes the CollectDelay).
+	MeanReportLag time.Duration
+	// Errors counts failures by kind (usage_read, publish, share_write,
+	// report); only nonzero kinds are listed.
+	Errors map[string]int64
+}
+
+// coordinatorStats reads the region package's metrics from reg.
+func coordinatorStats(reg prometheus.Gatherer) CoordinatorStats {
+	st := CoordinatorStats{Decisions: map[string]int64{}, Errors: map[string]int64{}}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return st
+	}
+	var lagSum float64
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch mf.GetName() {
+			case "quotient_coordinator_decisions_total":
+				k := labels["mode"]
+				if labels["late"] == "true" {
+					k += " late"
+				}
+				st.Decisions[k] += int64(m.GetCounter().GetValue())
+			case "quotient_coordinator_report_lag_seconds":
+				st.Reports += int64(m.GetHistogram().GetSampleCount())
+				lagSum += m.GetHistogram().GetSampleSum()
+			case "quotient_coordinator_errors_total":
+				if v := int64(m.GetCounter().GetValue()); v > 0 {
+					st.Errors[labels["kind"]] = v
+				}
+			}
+		}
+	}
+	if st.Reports > 0 {
+		st.MeanReportLag = time.Duration(lagSum / float64(st.Reports) * float64(time.Second))
+	}
+	return st
+}
