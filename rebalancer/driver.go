@@ -31,6 +31,26 @@ func (systemClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
 	return t.C, t.Stop
 }
 
+// Fence orders the collections of one region across the replicas of its
+// coordinator (region/membership.Fence in production): a driver collects
+// an epoch, and publishes its report, only after claiming it, and an epoch
+// is claimed once, in increasing order. Implementations must be safe for
+// concurrent use.
+type Fence interface {
+	// Last returns the last epoch claimed in this region, and false when
+	// none was. An error means it is unknown.
+	Last(ctx context.Context) (int64, bool, error)
+	// Claim claims epoch for this driver: true when it may collect it (no
+	// replica claimed it or a later one), false when another replica did.
+	// An error means nothing is known: the driver does not collect the
+	// epoch yet and claims it again after RetryInterval.
+	Claim(ctx context.Context, epoch int64) (bool, error)
+}
+
+// ErrFenced is returned by Run when another replica claimed an epoch this
+// driver was about to collect: this replica no longer leads its region.
+var ErrFenced = errors.New("rebalancer: epoch claimed by another replica")
+
 // Observer receives what a Driver does, for metrics. Its methods are called
 // from the driver's goroutine, one at a time; they must not block and must
 // not keep the values' slices.
@@ -102,6 +122,20 @@ type DriverConfig struct {
 	Logger *slog.Logger
 	// Observer receives what the driver does. Default: none.
 	Observer Observer
+	// Fence, when set, makes this driver one of several replicas of the
+	// region's coordinator: Run starts at the epoch after the last one
+	// claimed (see CatchUpEpochs), claims every epoch before collecting
+	// it, and returns ErrFenced when another replica claimed it. Default:
+	// none (a single replica; the first collection is at the end of the
+	// current epoch).
+	Fence Fence
+	// CatchUpEpochs bounds, with a Fence, how far back Run resumes: the
+	// epochs after the last claimed one that ended at most CatchUpEpochs
+	// epochs ago are collected at once, in order, so a leader change
+	// leaves no epoch uncollected; older ones are skipped and logged
+	// (their usage has expired: the gateways keep it 3 epochs after its
+	// own). Default 3.
+	CatchUpEpochs int64
 }
 
 // Status is a snapshot of a Driver, for health checks.
@@ -177,6 +211,12 @@ func NewDriver(core *Core, cfg DriverConfig) (*Driver, error) {
 	if cfg.RetryInterval < 0 {
 		return nil, fmt.Errorf("%w: driver: RetryInterval %v is negative", ErrConfig, cfg.RetryInterval)
 	}
+	if cfg.CatchUpEpochs == 0 {
+		cfg.CatchUpEpochs = 3
+	}
+	if cfg.CatchUpEpochs < 0 {
+		return nil, fmt.Errorf("%w: driver: CatchUpEpochs %d is negative", ErrConfig, cfg.CatchUpEpochs)
+	}
 	d := &Driver{core: core, cfg: cfg, clock: cfg.Clock, log: cfg.Logger, epoch: cc.Epoch}
 	if d.clock == nil {
 		d.clock = systemClock{}
@@ -201,14 +241,35 @@ func (d *Driver) setStatus(f func(*Status)) {
 }
 
 // Run runs the epoch cycle until ctx ends, then returns ctx.Err(). The
-// first collection is at the start of the next epoch (plus CollectDelay).
-// Run must be called at most once.
+// first collection is at the start of the next epoch (plus CollectDelay);
+// with a Fence, it is of the epoch after the last claimed one (see
+// CatchUpEpochs), and Run also returns ErrFenced when another replica
+// claimed an epoch first, or an error wrapping the fence's when the last
+// claimed epoch cannot be read at start. Run must be called at most once.
 func (d *Driver) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	now := d.clock.Now()
 	d.setStatus(func(s *Status) { s.Running, s.Started = true, now })
 	defer d.setStatus(func(s *Status) { s.Running = false })
+
+	// next is the epoch to collect next, at nextCollect (its end plus
+	// CollectDelay).
+	next := EpochOf(now, d.epoch)
+	if d.cfg.Fence != nil {
+		fctx, fcancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
+		last, ok, err := d.cfg.Fence.Last(fctx)
+		fcancel()
+		if err != nil {
+			return fmt.Errorf("rebalancer: read the last claimed epoch: %w", err)
+		}
+		if ok {
+			next = max(last+1, d.oldestCatchUp(now))
+			if next > last+1 {
+				d.log.Warn("rebalancer: epochs after the last claimed one are too old to collect", "last_claimed", last, "resume", next)
+			}
+		}
+	}
 
 	reports := make(chan *Report, 64)
 	var wg sync.WaitGroup
@@ -220,12 +281,24 @@ func (d *Driver) Run(ctx context.Context) error {
 	defer wg.Wait()
 	defer cancel()
 
-	nextCollect := EpochStart(EpochOf(now, d.epoch)+1, d.epoch).Add(d.cfg.CollectDelay)
+	nextCollect := EpochStart(next+1, d.epoch).Add(d.cfg.CollectDelay)
 	for {
 		now = d.clock.Now()
 		if !now.Before(nextCollect) {
-			m := d.collect(ctx, now)
-			nextCollect = EpochStart(m+2, d.epoch).Add(d.cfg.CollectDelay)
+			if d.cfg.Fence == nil {
+				next = EpochOf(now, d.epoch) - 1
+			} else {
+				next = max(next, d.oldestCatchUp(now))
+			}
+			switch err := d.collect(ctx, next, now); {
+			case errors.Is(err, ErrFenced):
+				return err
+			case err != nil: // the claim failed: try again soon
+				nextCollect = now.Add(d.cfg.RetryInterval)
+			default:
+				next++
+				nextCollect = EpochStart(next+1, d.epoch).Add(d.cfg.CollectDelay)
+			}
 			now = d.clock.Now()
 		}
 		if d.core.Due(now) {
@@ -257,6 +330,11 @@ func (d *Driver) Run(ctx context.Context) error {
 		case <-c:
 		}
 	}
+}
+
+// oldestCatchUp is the oldest epoch a fenced driver still collects at now.
+func (d *Driver) oldestCatchUp(now time.Time) int64 {
+	return EpochOf(now, d.epoch) - 1 - d.cfg.CatchUpEpochs
 }
 
 func earliest(a, b time.Time) time.Time {
@@ -308,10 +386,31 @@ func (d *Driver) apply(r *Report) {
 	}
 }
 
-// collect ends the epoch before now's: reads usage, calls Collect, writes
-// a late decision and publishes. It returns the epoch collected.
-func (d *Driver) collect(ctx context.Context, now time.Time) int64 {
-	m := EpochOf(now, d.epoch) - 1
+// collect ends epoch m (the one before now's, or an older one a fenced
+// driver catches up on): claims it (with a Fence), reads usage, calls
+// Collect, writes a late decision and publishes. It returns ErrFenced when
+// another replica claimed m, another error when the claim failed (nothing
+// was done), nil otherwise.
+func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
+	if d.cfg.Fence != nil {
+		fctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
+		ok, err := d.cfg.Fence.Claim(fctx, m)
+		cancel()
+		if err != nil {
+			d.log.Warn("rebalancer: claim failed; retrying", "epoch", m, "err", err)
+			return fmt.Errorf("rebalancer: claim epoch %d: %w", m, err)
+		}
+		if !ok {
+			d.log.Info("rebalancer: epoch claimed by another replica; stopping", "epoch", m)
+			return fmt.Errorf("%w: epoch %d", ErrFenced, m)
+		}
+	}
+	// The Core takes the epoch from the time: a past epoch is collected
+	// as at its normal collection time.
+	at := now
+	if EpochOf(now, d.epoch)-1 != m {
+		at = EpochStart(m+1, d.epoch).Add(d.cfg.CollectDelay)
+	}
 	d.cycle = now
 	info := CollectInfo{Epoch: m, CollectedAt: now}
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
@@ -324,13 +423,13 @@ func (d *Driver) collect(ctx context.Context, now time.Time) int64 {
 		d.log.Warn("rebalancer: usage read failed; collecting the epoch with no usage", "epoch", m, "err", err)
 	}
 	info.UsageKeys = len(usage)
-	pub, err := d.core.Collect(now, usage)
+	pub, err := d.core.Collect(at, usage)
 	if err != nil {
 		// Only ErrEpochNotOver or ErrUsage: nothing changed.
 		d.log.Error("rebalancer: collect failed", "epoch", m, "err", err)
 		info.UsageErr = errors.Join(info.UsageErr, err)
 		d.observeCollect(info)
-		return m
+		return nil
 	}
 	if pub.Late != nil {
 		d.enqueue(pub.Late.Updates)
@@ -366,7 +465,7 @@ func (d *Driver) collect(ctx context.Context, now time.Time) int64 {
 		info.Publish = d.clock.Now().Sub(t0)
 	}
 	d.observeCollect(info)
-	return m
+	return nil
 }
 
 func (d *Driver) observeCollect(info CollectInfo) {
