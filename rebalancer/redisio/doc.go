@@ -14,11 +14,15 @@
 // only once, so reading it again changes nothing).
 //
 // Invariants:
-//   - A share record is written atomically with its expiry (one Lua script
-//     call per record: HSET r b, then PEXPIREAT), so a record never exists
+//   - A share record is written atomically with its expiry (inside one Lua
+//     script call: HSET r b, then PEXPIREAT), so a record never exists
 //     without the expiry the Core chose, even when a write fails half-way.
-//     A record the Core deletes (the default share) is removed with DEL.
-//   - Writes are pipelined in batches (Sink.BatchSize) without
+//     A record the Core deletes (the default share) is removed with DEL in
+//     the same kind of call. One call writes up to DefaultKeysPerCall
+//     records: consecutive ones on a standalone Redis, those of one slot on
+//     a cluster (a script's keys must share a slot); updates of one key are
+//     applied in the order given.
+//   - Writes are pipelined in batches (NewSink's batch) without
 //     transactions; go-redis splits a pipeline per cluster node. Every
 //     command is idempotent, so a failed Write may simply be retried with the
 //     same updates.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -81,22 +81,38 @@ func (s *Source) LastBadFields() error {
 	return s.last
 }
 
-// setShare writes one share record and its expiry atomically.
-// KEYS[1] the share key; ARGV rate milli, burst milli, expire-at unix ms.
-var setShare = redis.NewScript(`
-redis.call('HSET', KEYS[1], 'r', ARGV[1], 'b', ARGV[2])
-redis.call('PEXPIREAT', KEYS[1], ARGV[3])
-return 1
+// setShares writes share records, each atomically with its expiry, and
+// deletes records, in the order given: for every key KEYS[i], ARGV[3i-2],
+// ARGV[3i-1] and ARGV[3i] are its rate milli, burst milli and expire-at
+// unix ms, or "-", "", "" to delete it. On a cluster every key of one call
+// is in one slot.
+var setShares = redis.NewScript(`
+for i, key in ipairs(KEYS) do
+  local j = 3 * i
+  if ARGV[j - 2] == '-' then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'r', ARGV[j - 2], 'b', ARGV[j - 1])
+    redis.call('PEXPIREAT', key, ARGV[j])
+  end
+end
+return #KEYS
 `)
 
 // DefaultBatchSize is the default number of updates per pipeline.
 const DefaultBatchSize = 5000
+
+// DefaultKeysPerCall is the default number of records one script call
+// writes (at most; on a cluster a call holds the records of one slot).
+const DefaultKeysPerCall = 200
 
 // Sink writes share updates to the region's Redis. It is safe for
 // concurrent use (but a driver writes one batch at a time, in order).
 type Sink struct {
 	client  redis.UniversalClient
 	batch   int
+	perCall int // records per script call; 1 for clients whose routing is unknown
+	cluster bool
 	loaded  atomic.Bool
 	skipped atomic.Int64
 
@@ -107,12 +123,24 @@ type Sink struct {
 var _ rebalancer.ShareSink = (*Sink)(nil)
 
 // NewSink returns a Sink on client (owned by the caller) that pipelines at
-// most batch updates at a time (DefaultBatchSize when <= 0).
+// most batch updates at a time (DefaultBatchSize when <= 0). Each script
+// call writes up to DefaultKeysPerCall records: consecutive ones on a
+// standalone Redis (*redis.Client), records of one slot on a cluster
+// (*redis.ClusterClient); any other client (a Ring, whose routing of a
+// multi-key call is its own) gets one record per call.
 func NewSink(client redis.UniversalClient, batch int) *Sink {
 	if batch <= 0 {
 		batch = DefaultBatchSize
 	}
-	return &Sink{client: client, batch: batch}
+	s := &Sink{client: client, batch: batch, perCall: DefaultKeysPerCall}
+	switch client.(type) {
+	case *redis.Client:
+	case *redis.ClusterClient:
+		s.cluster = true
+	default:
+		s.perCall = 1
+	}
+	return s
 }
 
 // ShareKey returns the Redis key of the share record of k, as the limiter
@@ -136,7 +164,7 @@ func (s *Sink) Write(ctx context.Context, updates []rebalancer.Update) error {
 		return nil
 	}
 	if !s.loaded.Load() {
-		if err := setShare.Load(ctx, s.client).Err(); err != nil {
+		if err := setShares.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("%w: load script: %v", ErrWrite, err)
 		}
 		s.loaded.Store(true)
@@ -169,25 +197,48 @@ func (s *Sink) LastSkipped() string {
 	return s.lastSkipped
 }
 
+// call is one script call being assembled: its keys and arguments.
+type call struct {
+	keys []string
+	args []any
+}
+
 func (s *Sink) writeBatch(ctx context.Context, updates []rebalancer.Update) (bad []string, err error) {
-	pipe := s.client.Pipeline()
-	cmds := make([]redis.Cmder, 0, len(updates))
+	// Group records into calls: consecutive ones, or on a cluster the ones
+	// of one slot. Records of one key stay in their order (one key, one
+	// slot), so a later update of a key still wins.
+	var calls []*call
+	open := map[uint16]*call{} // by slot, the call being filled
 	for _, u := range updates {
 		key, err := ShareKey(u.Key)
 		if err != nil {
 			bad = append(bad, u.PolicyID+"/"+u.Subject)
 			continue
 		}
-		if u.Delete {
-			cmds = append(cmds, pipe.Del(ctx, key))
-			continue
+		var slot uint16
+		if s.cluster {
+			slot = keySlot(key)
 		}
-		cmds = append(cmds, setShare.EvalSha(ctx, pipe, []string{key},
-			strconv.FormatInt(u.Share.RateMilli, 10), strconv.FormatInt(u.Share.BurstMilli, 10),
-			strconv.FormatInt(u.ExpireAt.UnixMilli(), 10)))
+		c := open[slot]
+		if c == nil || len(c.keys) >= s.perCall {
+			c = &call{keys: make([]string, 0, min(s.perCall, len(updates))), args: make([]any, 0, 3*min(s.perCall, len(updates)))}
+			open[slot] = c
+			calls = append(calls, c)
+		}
+		c.keys = append(c.keys, key)
+		if u.Delete {
+			c.args = append(c.args, "-", "", "")
+		} else {
+			c.args = append(c.args, u.Share.RateMilli, u.Share.BurstMilli, u.ExpireAt.UnixMilli())
+		}
 	}
-	if len(cmds) == 0 {
+	if len(calls) == 0 {
 		return bad, nil
+	}
+	pipe := s.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		cmds[i] = setShares.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		for _, c := range cmds {
@@ -199,4 +250,27 @@ func (s *Sink) writeBatch(ctx context.Context, updates []rebalancer.Update) (bad
 		return bad, fmt.Errorf("%w: %d updates: %v", ErrWrite, len(updates), err)
 	}
 	return bad, nil
+}
+
+// keySlot is the Redis Cluster slot of key: CRC16 (XMODEM) of its hash
+// tag (the part inside the first {...}, when not empty) or of the whole
+// key, modulo 16384, as the Redis Cluster specification defines it.
+func keySlot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc & 16383
 }
