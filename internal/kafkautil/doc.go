@@ -1,7 +1,8 @@
 // Package kafkautil is the Kafka plumbing Quotient's Kafka adapters share
-// (usage reports in rebalancer/kafkabus; later daily-quota replication and
-// policy distribution): one Cluster per Kafka cluster, from which writers,
-// partition readers and topic administration are built consistently with
+// (usage reports in rebalancer/kafkabus, daily-quota counts in
+// dailyquota/kafkarepl, policy distribution): one Cluster per Kafka
+// cluster, from which writers, partition readers, the consumer loop and
+// topic administration are built consistently with
 // github.com/segmentio/kafka-go.
 //
 // What it does:
@@ -13,6 +14,14 @@
 //   - Partition discovery and start offsets by timestamp (Partitions,
 //     OffsetsAt), and single-partition readers (NewPartitionReader).
 //   - A bounded retry for UnknownTopicOrPartition (RetryUnknownTopic).
+//   - The consumer loop of a bus (ConsumeTopics): every partition of a list
+//     of topics, one reader goroutine per partition, start offsets chosen
+//     by the caller (FirstOffsets, Cluster.StartAt) and asked again when
+//     retention removed a reader's offset, topics and partitions that appear
+//     later found by polling with a capped backoff, messages handed to the
+//     caller's goroutine one at a time, the first error stopping everything.
+//   - The settings every bus shares, defaulted and checked in one place
+//     (BusConfig.Fill), and the MirrorMaker 2 topic names (MirroredTopics).
 //
 // Metadata caching: kafka-go's Transport answers metadata requests from a
 // cache refreshed every MetadataTTL (kafka-go's default is 6 s), so a topic
@@ -24,10 +33,14 @@
 // RetryUnknownTopic covers that window.
 //
 // What it does not do: no consumer groups, no offset commits, no
-// goroutines of its own beyond kafka-go's connection management, no logging,
-// no global state (it never uses kafka.DefaultTransport).
+// goroutines of its own beyond kafka-go's connection management and those
+// ConsumeTopics starts and stops before it returns, no decoding of
+// messages, no logging, no global state (it never uses
+// kafka.DefaultTransport).
 //
 // Invariants: every writer built here waits for all in-sync replicas
 // (RequiredAcks = all) and never creates topics implicitly
 // (AllowAutoTopicCreation = false); topic creation is explicit.
+// ConsumeTopics calls its handler from the caller's goroutine only, and
+// never returns while a goroutine it started still runs.
 package kafkautil
