@@ -39,11 +39,7 @@ const recordOverhead = 128
 // MirroredTopics returns the topics a region consumes in the MirrorMaker 2
 // layout: its local topic and "<region>.<topic>" for each remote region.
 func MirroredTopics(topic string, remoteRegions ...string) []string {
-	out := []string{topic}
-	for _, r := range remoteRegions {
-		out = append(out, r+"."+topic)
-	}
-	return out
+	return kafkautil.MirroredTopics(topic, remoteRegions...)
 }
 
 // Config configures a Bus. Start from DefaultConfig.
@@ -107,22 +103,12 @@ func DefaultConfig() Config {
 // the field.
 func (c *Config) Validate() error {
 	d := DefaultConfig()
-	if c.Topic == "" {
-		c.Topic = d.Topic
+	shared := c.busConfig()
+	if err := shared.Fill(d.busConfig(), ErrConfig); err != nil {
+		return err
 	}
-	if len(c.ConsumeTopics) == 0 {
-		c.ConsumeTopics = []string{c.Topic}
-	}
-	seen := map[string]bool{}
-	for i, t := range c.ConsumeTopics {
-		if t == "" {
-			return fmt.Errorf("%w: consume topics[%d] is empty", ErrConfig, i)
-		}
-		if seen[t] {
-			return fmt.Errorf("%w: consume topics: %q listed twice", ErrConfig, t)
-		}
-		seen[t] = true
-	}
+	c.Topic, c.ConsumeTopics, c.Partitions, c.ReplicationFactor = shared.Topic, shared.ConsumeTopics, shared.Partitions, shared.ReplicationFactor
+	c.Retention, c.TopicPollInterval, c.Now = shared.Retention, shared.TopicPollInterval, shared.Now
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = d.MaxMessageBytes
 	}
@@ -135,34 +121,21 @@ func (c *Config) Validate() error {
 	if c.Lookback < 0 {
 		return fmt.Errorf("%w: lookback %v: must not be negative", ErrConfig, c.Lookback)
 	}
-	if c.Partitions == 0 {
-		c.Partitions = d.Partitions
-	}
-	if c.ReplicationFactor == 0 {
-		c.ReplicationFactor = d.ReplicationFactor
-	}
-	if c.Retention == 0 {
-		c.Retention = d.Retention
-	}
-	if c.Retention < 0 {
-		return fmt.Errorf("%w: retention %v: must not be negative", ErrConfig, c.Retention)
-	}
-	if c.TopicPollInterval == 0 {
-		c.TopicPollInterval = d.TopicPollInterval
-	}
-	if c.TopicPollInterval < 0 {
-		return fmt.Errorf("%w: topic poll interval %v: must not be negative", ErrConfig, c.TopicPollInterval)
-	}
 	if c.MaxPendingReports == 0 {
 		c.MaxPendingReports = d.MaxPendingReports
 	}
 	if c.MaxPendingReports < 0 {
 		return fmt.Errorf("%w: max pending reports %d: must not be negative", ErrConfig, c.MaxPendingReports)
 	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
 	return nil
+}
+
+// busConfig is the part of c every bus shares, which kafkautil checks.
+func (c *Config) busConfig() kafkautil.BusConfig {
+	return kafkautil.BusConfig{
+		Topic: c.Topic, ConsumeTopics: c.ConsumeTopics, Partitions: c.Partitions, ReplicationFactor: c.ReplicationFactor,
+		Retention: c.Retention, TopicPollInterval: c.TopicPollInterval, Now: c.Now,
+	}
 }
 
 // Stats counts what the Bus did since New, over all Publish and Run calls.

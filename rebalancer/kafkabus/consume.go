@@ -2,9 +2,7 @@ package kafkabus
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -23,9 +21,10 @@ const maxDelivered = 256
 // time, in arrival order (per region in publish order). deliver owns the
 // report it is given and may keep it; a delivered report has all its keys,
 // in the order they were published, and part = parts = 0 (whole, as before
-// splitting); while deliver runs, reading stalls
-// (backpressure), so it should return quickly. Partitions start at the
-// first record at or after now - Config.Lookback (see the package doc).
+// splitting); while deliver runs, reading stalls (backpressure), so it
+// should return quickly. Partitions start at the first record at or after
+// now - Config.Lookback (see the package doc); the reading, topic polling
+// and partition discovery are kafkautil.ConsumeTopics.
 //
 // Run blocks until ctx ends, then stops its readers and returns ctx.Err(),
 // or until reading fails for a reason other than the context, then returns
@@ -36,166 +35,48 @@ func (b *Bus) Run(ctx context.Context, deliver func(*quotientv1.UsageReport)) er
 	if deliver == nil {
 		return fmt.Errorf("%w: deliver is nil", ErrConfig)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	parts := make(chan *quotientv1.UsageReport, 64)
-	errc := make(chan error, len(b.cfg.ConsumeTopics))
-	var wg sync.WaitGroup
-	for _, topic := range b.cfg.ConsumeTopics {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := b.watchTopic(ctx, topic, parts); err != nil && ctx.Err() == nil {
-				errc <- err
-			}
-		}()
-	}
-	defer wg.Wait() // after cancel (deferred later, runs first)
-	defer cancel()
-
 	asm := newAssembler(b.cfg.MaxPendingReports, maxDelivered)
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-errc:
-			return err
-		case p := <-parts:
-			whole, res, evicted, err := asm.add(p)
-			b.stats.evicted.Add(int64(evicted))
-			switch {
-			case err != nil:
-				b.stats.malformed.Add(1)
-			case res == partDuplicate:
-				b.stats.duplicates.Add(1)
-			case res == partCompleted:
-				b.stats.deliveredReports.Add(1)
-				deliver(whole)
-			}
-		}
-	}
-}
-
-// watchTopic waits for topic to exist, starts a reader per partition, and
-// keeps checking for added partitions until ctx ends or a reader fails.
-func (b *Bus) watchTopic(ctx context.Context, topic string, out chan<- *quotientv1.UsageReport) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	errc := make(chan error, 1)
-	started := map[int]bool{}
-	missing := false
-	defer func() {
-		if missing {
-			b.stats.missingTopics.Add(-1)
-		}
-	}()
-	wait := 50 * time.Millisecond
-	for {
-		ids, err := b.cluster.Partitions(ctx, topic)
-		switch {
-		case kafkautil.IsUnknownTopic(err):
-			if !missing {
-				missing = true
-				b.stats.missingTopics.Add(1)
-			}
-		case err != nil:
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			// A failed metadata request is retried like a missing topic:
-			// the cluster may be briefly unreachable.
-		default:
-			if missing {
-				missing = false
-				b.stats.missingTopics.Add(-1)
-			}
-			var fresh []int
-			for _, id := range ids {
-				if !started[id] {
-					fresh = append(fresh, id)
-				}
-			}
-			if len(fresh) > 0 {
-				offsets, err := b.cluster.OffsetsAt(ctx, topic, fresh, b.cfg.Now().Add(-b.cfg.Lookback))
-				if err != nil {
-					if ctx.Err() != nil {
-						return ctx.Err()
-					}
-					break // try again at the next check
-				}
-				for _, id := range fresh {
-					started[id] = true
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						if err := b.readPartition(ctx, topic, id, offsets[id], out); err != nil && ctx.Err() == nil {
-							select {
-							case errc <- err:
-							default:
-							}
-							cancel()
-						}
-					}()
-				}
-			}
-			wait = b.cfg.TopicPollInterval
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			select {
-			case err := <-errc:
-				return err
-			default:
-				return ctx.Err()
-			}
-		case <-t.C:
-		}
-		wait = min(2*wait, b.cfg.TopicPollInterval)
-	}
-}
-
-// readPartition reads one partition from offset, decodes each message and
-// sends it to out. An offset that retention removed under it restarts the
-// reader at the lookback time.
-func (b *Bus) readPartition(ctx context.Context, topic string, partition int, offset int64, out chan<- *quotientv1.UsageReport) error {
-	r, err := b.cluster.NewPartitionReader(topic, partition, offset, kafkautil.ReaderConfig{
-		MaxBytes: 4 * b.cfg.MaxMessageBytes,
-	})
-	if err != nil {
-		return fmt.Errorf("kafkabus: %w", err)
-	}
-	defer func() { _ = r.Close() }()
-	for {
-		m, err := r.ReadMessage(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if errors.Is(err, kafka.OffsetOutOfRange) {
-				offsets, oerr := b.cluster.OffsetsAt(ctx, topic, []int{partition}, b.cfg.Now().Add(-b.cfg.Lookback))
-				if oerr == nil {
-					if serr := r.SetOffset(offsets[partition]); serr == nil {
-						continue
-					}
-				}
-			}
-			return fmt.Errorf("kafkabus: read %q partition %d: %w", topic, partition, err)
-		}
+	err := kafkautil.ConsumeTopics(ctx, b.cluster, b.consumeConfig(), func(_ context.Context, _ string, _ int, m kafka.Message) error {
 		b.stats.consumedParts.Add(1)
 		p := &quotientv1.UsageReport{}
 		if err := proto.Unmarshal(m.Value, p); err != nil {
 			b.stats.malformed.Add(1)
-			continue
+			return nil
 		}
-		select {
-		case out <- p:
-		case <-ctx.Done():
-			return ctx.Err()
+		whole, res, evicted, err := asm.add(p)
+		b.stats.evicted.Add(int64(evicted))
+		switch {
+		case err != nil:
+			b.stats.malformed.Add(1)
+		case res == partDuplicate:
+			b.stats.duplicates.Add(1)
+		case res == partCompleted:
+			b.stats.deliveredReports.Add(1)
+			deliver(whole)
 		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("kafkabus: %w", err)
+	}
+	return err
+}
+
+// consumeConfig says what Run reads: every partition of every consumed
+// topic from the lookback time, read ahead by up to 64 parts.
+func (b *Bus) consumeConfig() kafkautil.ConsumeConfig {
+	return kafkautil.ConsumeConfig{
+		Topics:       b.cfg.ConsumeTopics,
+		PollInterval: b.cfg.TopicPollInterval,
+		Buffer:       64,
+		Reader:       kafkautil.ReaderConfig{MaxBytes: 4 * b.cfg.MaxMessageBytes},
+		StartOffsets: b.cluster.StartAt(func() time.Time { return b.cfg.Now().Add(-b.cfg.Lookback) }),
+		Missing: func(_ string, missing bool) {
+			if missing {
+				b.stats.missingTopics.Add(1)
+			} else {
+				b.stats.missingTopics.Add(-1)
+			}
+		},
 	}
 }
