@@ -33,11 +33,7 @@ var (
 // MirroredTopics returns the topics a region consumes in the MirrorMaker 2
 // layout: its local topic and "<region>.<topic>" for each remote region.
 func MirroredTopics(topic string, remoteRegions ...string) []string {
-	out := []string{topic}
-	for _, r := range remoteRegions {
-		out = append(out, r+"."+topic)
-	}
-	return out
+	return kafkautil.MirroredTopics(topic, remoteRegions...)
 }
 
 // Config configures a Bus. Start from DefaultConfig.
@@ -74,44 +70,21 @@ func DefaultConfig() Config {
 // Validate fills defaults and rejects bad values, naming the field.
 func (c *Config) Validate() error {
 	d := DefaultConfig()
-	if c.Topic == "" {
-		c.Topic = d.Topic
+	shared := c.busConfig()
+	if err := shared.Fill(d.busConfig(), ErrConfig); err != nil {
+		return err
 	}
-	if len(c.ConsumeTopics) == 0 {
-		c.ConsumeTopics = []string{c.Topic}
-	}
-	seen := map[string]bool{}
-	for i, t := range c.ConsumeTopics {
-		if t == "" {
-			return fmt.Errorf("%w: consume topics[%d] is empty", ErrConfig, i)
-		}
-		if seen[t] {
-			return fmt.Errorf("%w: consume topics: %q listed twice", ErrConfig, t)
-		}
-		seen[t] = true
-	}
-	if c.Partitions == 0 {
-		c.Partitions = d.Partitions
-	}
-	if c.ReplicationFactor == 0 {
-		c.ReplicationFactor = d.ReplicationFactor
-	}
-	if c.Retention == 0 {
-		c.Retention = d.Retention
-	}
-	if c.Retention < 0 {
-		return fmt.Errorf("%w: retention %v: must not be negative", ErrConfig, c.Retention)
-	}
-	if c.TopicPollInterval == 0 {
-		c.TopicPollInterval = d.TopicPollInterval
-	}
-	if c.TopicPollInterval < 0 {
-		return fmt.Errorf("%w: topic poll interval %v: must not be negative", ErrConfig, c.TopicPollInterval)
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	c.Topic, c.ConsumeTopics, c.Partitions, c.ReplicationFactor = shared.Topic, shared.ConsumeTopics, shared.Partitions, shared.ReplicationFactor
+	c.Retention, c.TopicPollInterval, c.Now = shared.Retention, shared.TopicPollInterval, shared.Now
 	return nil
+}
+
+// busConfig is the part of c every bus shares, which kafkautil checks.
+func (c *Config) busConfig() kafkautil.BusConfig {
+	return kafkautil.BusConfig{
+		Topic: c.Topic, ConsumeTopics: c.ConsumeTopics, Partitions: c.Partitions, ReplicationFactor: c.ReplicationFactor,
+		Retention: c.Retention, TopicPollInterval: c.TopicPollInterval, Now: c.Now,
+	}
 }
 
 // Stats counts what a Bus did since New.
@@ -252,126 +225,37 @@ func (b *Bus) Publish(ctx context.Context, counts []dailyquota.Count) error {
 }
 
 // Run implements dailyquota.Bus: it reads every partition of every
-// consumed topic from its first offset and calls deliver with each count,
-// from Run's goroutine, one at a time. It returns ctx.Err() when ctx ends,
-// or the first reading error (after stopping every reader); the caller may
-// call Run again, which replays the topics.
+// consumed topic from its first offset (kafkautil.ConsumeTopics) and calls
+// deliver with each count, from Run's goroutine, one at a time. A partition
+// whose offset retention removed restarts at its first offset. It returns
+// ctx.Err() when ctx ends, or the first reading error (after stopping every
+// reader); the caller may call Run again, which replays the topics.
 func (b *Bus) Run(ctx context.Context, deliver func(dailyquota.Count)) error {
 	if deliver == nil {
 		return fmt.Errorf("%w: deliver is nil", ErrConfig)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	recs := make(chan dailyquota.Count, 256)
-	errc := make(chan error, len(b.cfg.ConsumeTopics))
-	var wg sync.WaitGroup
-	for _, topic := range b.cfg.ConsumeTopics {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := b.watchTopic(ctx, topic, recs); err != nil && ctx.Err() == nil {
-				errc <- err
-			}
-		}()
+	cc := kafkautil.ConsumeConfig{
+		Topics:       b.cfg.ConsumeTopics,
+		PollInterval: b.cfg.TopicPollInterval,
+		Buffer:       256,
+		StartOffsets: kafkautil.FirstOffsets,
+		Restarted:    func(string, int, int64) { b.restarts.Add(1) },
 	}
-	defer wg.Wait()
-	defer cancel()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-errc:
-			return err
-		case c := <-recs:
-			deliver(c)
-		}
-	}
-}
-
-// watchTopic waits for topic, starts a reader per partition from its first
-// offset, and keeps looking for added partitions.
-func (b *Bus) watchTopic(ctx context.Context, topic string, out chan<- dailyquota.Count) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	errc := make(chan error, 1)
-	started := map[int]bool{}
-	wait := 50 * time.Millisecond
-	for {
-		ids, err := b.cluster.Partitions(ctx, topic)
-		if err == nil {
-			for _, id := range ids {
-				if started[id] {
-					continue
-				}
-				started[id] = true
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if err := b.readPartition(ctx, topic, id, out); err != nil && ctx.Err() == nil {
-						select {
-						case errc <- err:
-						default:
-						}
-						cancel()
-					}
-				}()
-			}
-			wait = b.cfg.TopicPollInterval
-		} else if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		// A missing topic or an unreachable cluster: look again soon.
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			select {
-			case err := <-errc:
-				return err
-			default:
-				return ctx.Err()
-			}
-		case <-t.C:
-		}
-		wait = min(2*wait, b.cfg.TopicPollInterval)
-	}
-}
-
-func (b *Bus) readPartition(ctx context.Context, topic string, partition int, out chan<- dailyquota.Count) error {
-	r, err := b.cluster.NewPartitionReader(topic, partition, kafka.FirstOffset, kafkautil.ReaderConfig{})
-	if err != nil {
-		return fmt.Errorf("kafkarepl: %w", err)
-	}
-	defer func() { _ = r.Close() }()
-	for {
-		m, err := r.ReadMessage(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if errors.Is(err, kafka.OffsetOutOfRange) {
-				if serr := r.SetOffset(kafka.FirstOffset); serr == nil {
-					b.restarts.Add(1)
-					continue
-				}
-			}
-			return fmt.Errorf("kafkarepl: read %q partition %d: %w", topic, partition, err)
-		}
+	err := kafkautil.ConsumeTopics(ctx, b.cluster, cc, func(_ context.Context, _ string, _ int, m kafka.Message) error {
 		b.consumed.Add(1)
 		if m.Value == nil {
-			continue // a tombstone: nothing to merge
+			return nil // a tombstone: nothing to merge
 		}
 		c, err := Decode(m.Value)
 		if err != nil || !strings.HasSuffix(string(m.Key), " "+c.Region) {
 			b.malformed.Add(1)
-			continue
+			return nil
 		}
-		select {
-		case out <- c:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		deliver(c)
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("kafkarepl: %w", err)
 	}
+	return err
 }
