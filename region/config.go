@@ -10,6 +10,9 @@ import (
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/rebalancer"
 	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
+	"github.com/quotientlabs/quotient/region/admin"
+	"github.com/quotientlabs/quotient/region/membership"
+	"github.com/quotientlabs/quotient/region/policysync"
 	"github.com/quotientlabs/quotient/shares"
 )
 
@@ -53,21 +56,52 @@ type Config struct {
 	// "<region>.<Topic>" for every other region. Default false: one shared
 	// cluster and topic.
 	Mirrored bool
-	// Listen is the HTTP server's address (/metrics, /healthz). Default
+	// Listen is the HTTP server's address (/metrics, /healthz, /readyz,
+	// and the admin API with AdminTokens). Default
 	// ":9090".
 	Listen string
 	// Policies are the policy documents; the global bucket policies among
 	// them (scope global, token_bucket or leaky_bucket) are shared, and the
 	// global fixed windows are replicated (daily quotas, package
-	// dailyquota). Others are ignored. At least one global policy is
-	// required.
+	// dailyquota). Others are ignored. Without PolicyLog at least one
+	// global policy is required; with it, Policies may be empty and are
+	// replaced by the log's as soon as it holds any record.
 	Policies []*limiter.Policy
 	// DailyQuotaTopic is the topic of replicated fixed-window counts
 	// (mirrored layout: also "<region>.<DailyQuotaTopic>" per other
 	// region, with Mirrored). Default kafkarepl.DefaultTopic.
 	DailyQuotaTopic string
-	// ShutdownTimeout bounds the HTTP server's graceful shutdown. Default
-	// 5 s.
+	// PolicyLog makes the coordinator follow the policy topic (PolicyTopic,
+	// the admin API's durable log, package policysync): it replays the
+	// topic at start into a catalog, materialises the policies in force
+	// into this region's Redis for the gateways, and takes its global
+	// policies from the log as soon as the log holds any record; until
+	// then Policies (the --policies file) is the bootstrap set. Default
+	// false: Policies only.
+	PolicyLog bool
+	// PolicyTopic is the policy topic. Default policysync.Topic.
+	PolicyTopic string
+	// AdminTokens, when set, serves the admin API (package admin) under
+	// /v1/ on Listen, beside /metrics, /healthz and /readyz. It requires
+	// PolicyLog (every write is a record on the log). Default nil: no
+	// admin API.
+	AdminTokens *admin.Tokens
+	// Gossip, when set, makes this coordinator one of several replicas of
+	// the region (package membership): the epoch loop and the daily-quota
+	// replication run only while it leads, and every epoch is claimed in
+	// the region's Redis before it is collected (membership.Fence), so
+	// each epoch's report is published once and a new leader resumes
+	// after the last. Gossip.Name must be unique in the region. Default
+	// nil: a single replica, which always leads (it claims epochs too, so
+	// a restart resumes where it stopped).
+	Gossip *membership.Config
+	// LeaveTimeout bounds the announcement that this replica leaves the
+	// gossip cluster at shutdown, so another takes over at once. Default
+	// 2 s; negative: stop gossip without a goodbye, as a crash would (for
+	// tests of failure detection).
+	LeaveTimeout time.Duration
+	// ShutdownTimeout bounds the HTTP server's graceful shutdown (in-flight
+	// admin writes finish within it). Default 5 s.
 	ShutdownTimeout time.Duration
 	// Logger receives the coordinator's log lines. Default: discard.
 	Logger *slog.Logger
@@ -77,7 +111,10 @@ type Config struct {
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{Epoch: 10 * time.Second, Topic: kafkabus.DefaultTopic, DailyQuotaTopic: kafkarepl.DefaultTopic, Listen: ":9090", ShutdownTimeout: 5 * time.Second}
+	return Config{
+		Epoch: 10 * time.Second, Topic: kafkabus.DefaultTopic, DailyQuotaTopic: kafkarepl.DefaultTopic,
+		PolicyTopic: policysync.Topic, Listen: ":9090", LeaveTimeout: 2 * time.Second, ShutdownTimeout: 5 * time.Second,
+	}
 }
 
 // validate fills defaults and checks the fields.
@@ -98,6 +135,12 @@ func (c *Config) validate() error {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = d.ShutdownTimeout
 	}
+	if c.PolicyTopic == "" {
+		c.PolicyTopic = d.PolicyTopic
+	}
+	if c.LeaveTimeout == 0 {
+		c.LeaveTimeout = d.LeaveTimeout
+	}
 	switch {
 	case len(c.RedisAddrs) == 0:
 		return fmt.Errorf("%w: RedisAddrs is empty", ErrConfig)
@@ -109,6 +152,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: ShutdownTimeout %v is negative", ErrConfig, c.ShutdownTimeout)
 	case c.UsageShards < 0:
 		return fmt.Errorf("%w: UsageShards %d is negative", ErrConfig, c.UsageShards)
+	case c.AdminTokens != nil && !c.PolicyLog:
+		return fmt.Errorf("%w: AdminTokens needs PolicyLog: admin writes are records on the policy log", ErrConfig)
+	case c.Gossip != nil && c.Gossip.Name == "":
+		return fmt.Errorf("%w: Gossip.Name is empty: each replica needs a unique name", ErrConfig)
 	}
 	return nil
 }

@@ -5,58 +5,80 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
 
 	dqredis "github.com/quotientlabs/quotient/dailyquota/redisio"
 	"github.com/quotientlabs/quotient/internal/kafkautil"
 	"github.com/quotientlabs/quotient/rebalancer"
 	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
 	"github.com/quotientlabs/quotient/rebalancer/redisio"
+	"github.com/quotientlabs/quotient/region/admin"
+	"github.com/quotientlabs/quotient/region/membership"
+	"github.com/quotientlabs/quotient/region/policysync"
 )
 
-// Coordinator runs one region's epoch loop and its HTTP endpoint.
-// Construct with New, then call Run once. Addr, Registry and Status are
-// safe for concurrent use.
+// Coordinator runs one region's coordinator replica: its HTTP endpoint
+// (/metrics, /healthz, /readyz and, with AdminTokens, the admin API under
+// /v1/), the policy log's follower and materialiser (with PolicyLog), and,
+// while it leads the region (always without Gossip), the epoch loop and
+// the daily-quota replication. Construct with New, then call Run once.
+// Addr, GossipAddr, Leading, Registry and Status are safe for concurrent
+// use.
 type Coordinator struct {
 	cfg      Config
 	log      *slog.Logger
+	name     string // owner of the claimed epochs; the gossip name with Gossip
 	redis    redis.UniversalClient
 	kafka    *kafkautil.Cluster
 	bus      *kafkabus.Bus
-	adapter  *kafkabus.Adapter
-	driver   *rebalancer.Driver
-	dq       *dailyQuota // nil without global fixed-window policies
+	policies *policySet
+	rcfg     rebalancer.Config
+	observer *metrics
+	dq       *dailyQuota
+	fence    *membership.Fence
+	member   *membership.Member // nil without Gossip
+
+	// Policy log (nil without PolicyLog).
+	catalog  *admin.Catalog
+	plog     *policysync.KafkaLog
+	follower *policysync.Follower
+	mat      *policysync.Materializer
+
 	registry *prometheus.Registry
+	leading  atomic.Bool
+	driver   atomic.Pointer[rebalancer.Driver] // the current term's; nil before the first
 	listener net.Listener
 	server   *http.Server
 
 	runOnce sync.Once
 }
 
-// New validates cfg, builds the clients (no I/O yet) and binds the HTTP
-// listener, so that Addr is known before Run. Errors wrap ErrConfig (or
-// the rebalancer's and kafkabus's config errors) and name the field; a
-// listen failure names the address.
+// New validates cfg, builds the clients (no I/O yet), joins the gossip
+// cluster (with Gossip) and binds the HTTP listener, so that Addr and
+// GossipAddr are known before Run. Errors wrap ErrConfig (or the
+// rebalancer's and kafkabus's config errors) and name the field; a listen
+// or join failure names the address.
 func New(cfg Config) (*Coordinator, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	log := cfg.Logger
 	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		log = slog.New(slog.DiscardHandler)
 	}
 	limits, windows := GlobalLimits(cfg.Policies, len(cfg.Regions))
-	if len(limits) == 0 && len(dqredis.Policies(cfg.Policies)) == 0 {
+	if !cfg.PolicyLog && len(limits) == 0 && len(dqredis.Policies(cfg.Policies)) == 0 {
 		return nil, fmt.Errorf("%w: Policies: no global token_bucket or leaky_bucket policy to share and no global fixed_window policy to replicate among %d policies", ErrConfig, len(cfg.Policies))
 	}
 	if n := len(dqredis.Policies(cfg.Policies)); windows > n {
@@ -64,30 +86,40 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	rcfg := rebalancer.DefaultConfig()
 	rcfg.Region, rcfg.Regions, rcfg.Epoch, rcfg.MaxWait = cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait
-	core, err := rebalancer.New(rcfg, limits)
-	if err != nil {
+	if err := rcfg.Validate(); err != nil {
 		return nil, err
 	}
-	rcfg = core.Config()
 
-	c := &Coordinator{cfg: cfg, log: log, registry: prometheus.NewRegistry()}
+	c := &Coordinator{cfg: cfg, log: log, name: cfg.Region, rcfg: rcfg, registry: prometheus.NewRegistry()}
+	if cfg.Gossip != nil {
+		c.name = cfg.Gossip.Name
+	}
 	c.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if cfg.RedisCluster || len(cfg.RedisAddrs) > 1 {
 		c.redis = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.RedisAddrs})
 	} else {
 		c.redis = redis.NewClient(&redis.Options{Addr: cfg.RedisAddrs[0]})
 	}
+	c.fence = membership.NewFence(c.redis, cfg.Region)
 	fail := func(err error) (*Coordinator, error) {
 		c.close()
 		return nil, err
 	}
+	var err error
 	c.kafka, err = kafkautil.New(kafkautil.DefaultConfig(cfg.KafkaBrokers...))
 	if err != nil {
 		return fail(err)
 	}
-	if c.dq, err = newDailyQuota(cfg, c.redis, c.kafka, log, c.registry); err != nil {
-		return fail(err)
+	if cfg.PolicyLog {
+		c.catalog = admin.NewCatalog()
+		if c.plog, err = policysync.NewKafkaLog(c.kafka, cfg.PolicyTopic); err != nil {
+			return fail(err)
+		}
+		c.mat = policysync.NewMaterializer(c.catalog, c.redis, log)
+		c.follower = policysync.NewFollower(c.kafka, cfg.PolicyTopic, c.catalog, c.policyChanged, log)
 	}
+	c.policies = newPolicySet(cfg.Policies, c.catalog, len(cfg.Regions))
+	c.dq = newDailyQuota(cfg, c.redis, c.kafka, log, c.registry)
 	bcfg := kafkabus.DefaultConfig()
 	bcfg.Topic = cfg.Topic
 	if cfg.Mirrored {
@@ -99,49 +131,128 @@ func New(cfg Config) (*Coordinator, error) {
 	if c.bus, err = kafkabus.New(c.kafka, bcfg); err != nil {
 		return fail(err)
 	}
-	if c.adapter, err = kafkabus.NewAdapter(c.bus, rcfg.Epoch, nil); err != nil {
+	c.observer = newMetrics(c.registry, cfg.Regions)
+	c.registerRole()
+	// Check the driver's configuration now (CollectDelay against MaxWait),
+	// so a bad one fails New and not the first term.
+	if _, _, err := c.newDriver(); err != nil {
 		return fail(err)
 	}
-	c.adapter.OnReject = func(err error) { log.Warn("region: report rejected", "err", err) }
-	c.driver, err = rebalancer.NewDriver(core, rebalancer.DriverConfig{
-		Usage:        redisio.NewSource(c.redis, cfg.UsageShards),
-		Shares:       redisio.NewSink(c.redis, 0),
-		Bus:          c.adapter,
-		Clock:        cfg.Clock,
-		CollectDelay: cfg.CollectDelay,
-		Logger:       log,
-		Observer:     newMetrics(c.registry, cfg.Regions),
-	})
-	if err != nil {
-		return fail(err)
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(c.registry, promhttp.HandlerOpts{Registry: c.registry}))
+	mux.HandleFunc("GET /healthz", c.healthz)
+	mux.HandleFunc("GET /readyz", c.readyz)
+	if cfg.AdminTokens != nil {
+		usage, err := admin.NewRedisUsage(cfg.Region, map[string]redis.UniversalClient{cfg.Region: c.redis}, len(cfg.Regions), 0)
+		if err != nil {
+			return fail(err)
+		}
+		srv, err := admin.NewServer(admin.Config{Catalog: c.catalog, Log: c.plog, Tokens: cfg.AdminTokens, Usage: usage, Logger: log})
+		if err != nil {
+			return fail(err)
+		}
+		mux.Handle("/v1/", srv)
+	}
+	if cfg.Gossip != nil {
+		gc := *cfg.Gossip
+		if gc.Logger == nil {
+			gc.Logger = log
+		}
+		if c.member, err = membership.Join(gc); err != nil {
+			return fail(err)
+		}
 	}
 	c.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fail(fmt.Errorf("region: listen on %q: %w", cfg.Listen, err))
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(c.registry, promhttp.HandlerOpts{Registry: c.registry}))
-	mux.HandleFunc("GET /healthz", c.healthz)
 	c.server = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return c, nil
+}
+
+// newDriver builds a term's epoch loop: a new Core (in warm-up, see the
+// rebalancer package doc), a new adapter on the shared bus (the caller
+// runs its consumer), and the fence.
+func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, error) {
+	core, err := rebalancer.New(c.rcfg, c.policies)
+	if err != nil {
+		return nil, nil, err
+	}
+	adapter, err := kafkabus.NewAdapter(c.bus, c.rcfg.Epoch, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	adapter.OnReject = func(err error) { c.log.Warn("region: report rejected", "err", err) }
+	d, err := rebalancer.NewDriver(core, rebalancer.DriverConfig{
+		Usage:        redisio.NewSource(c.redis, c.cfg.UsageShards),
+		Shares:       redisio.NewSink(c.redis, 0),
+		Bus:          adapter,
+		Clock:        c.cfg.Clock,
+		CollectDelay: c.cfg.CollectDelay,
+		Logger:       c.log,
+		Observer:     c.observer,
+		Fence:        fenceOf{c.fence, c.name},
+	})
+	return d, adapter, err
+}
+
+// fenceOf is the region's fence as this replica claims it.
+type fenceOf struct {
+	f     *membership.Fence
+	owner string
+}
+
+func (f fenceOf) Last(ctx context.Context) (int64, bool, error) { return f.f.Last(ctx) }
+func (f fenceOf) Claim(ctx context.Context, epoch int64) (bool, error) {
+	return f.f.Claim(ctx, epoch, f.owner)
+}
+
+// policyChanged is the follower's callback: the catalog changed.
+func (c *Coordinator) policyChanged() {
+	c.policies.refresh()
+	c.mat.Notify()
 }
 
 // Addr returns the HTTP listener's address (useful with Listen ":0").
 func (c *Coordinator) Addr() string { return c.listener.Addr().String() }
 
+// GossipAddr returns the gossip address other replicas join (host:port),
+// or "" without Gossip.
+func (c *Coordinator) GossipAddr() string {
+	if c.member == nil {
+		return ""
+	}
+	return c.member.Addr()
+}
+
+// Leading reports whether this replica runs the epoch loop now.
+func (c *Coordinator) Leading() bool { return c.leading.Load() }
+
 // Registry returns the coordinator's metric registry.
 func (c *Coordinator) Registry() *prometheus.Registry { return c.registry }
 
-// Status returns the epoch loop's status.
-func (c *Coordinator) Status() rebalancer.Status { return c.driver.Status() }
+// Status returns the epoch loop's status: the current (or last) term's;
+// the zero Status before this replica first led.
+func (c *Coordinator) Status() rebalancer.Status {
+	if d := c.driver.Load(); d != nil {
+		return d.Status()
+	}
+	return rebalancer.Status{}
+}
 
-// Run serves HTTP and runs the consumer and the epoch loop until ctx ends
-// or the HTTP server fails, then shuts everything down (the HTTP server
-// within ShutdownTimeout), closes the clients and returns nil after a
-// cancellation, or the failure. A consumer failure is logged and the
-// consumer restarted after a second (it re-reads the lookback window;
-// reports are deduplicated). Run may be called once; it closes the
-// clients even when it fails.
+// Run serves HTTP, follows the policy log and, while this replica leads,
+// runs the epoch loop and the daily-quota replication, until ctx ends or
+// the HTTP server fails. Then it shuts down: it stops the epoch loop (a
+// write in progress finishes or times out), leaves the gossip cluster
+// (announced, so another replica takes over at once), lets in-flight
+// admin writes finish and stops the HTTP server within ShutdownTimeout,
+// flushes and closes the Kafka writers and the clients. It returns nil
+// after a cancellation, or the failure. A consumer or follower failure is
+// logged and retried after a second (the consumer re-reads the lookback
+// window: reports are deduplicated; the follower replays the log: records
+// are idempotent). Run may be called once; it closes the clients even when
+// it fails.
 func (c *Coordinator) Run(ctx context.Context) error {
 	err := errors.New("region: Run called twice")
 	c.runOnce.Do(func() { err = c.run(ctx) })
@@ -154,42 +265,48 @@ func (c *Coordinator) run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	serveErr := make(chan error, 1)
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		if err := c.server.Serve(c.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			serveErr <- fmt.Errorf("region: http server: %w", err)
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		for ctx.Err() == nil {
-			if err := c.adapter.Run(ctx); err != nil && ctx.Err() == nil {
-				c.log.Error("region: kafka consumer failed; restarting", "err", err)
-				select {
-				case <-ctx.Done():
-				case <-time.After(time.Second):
-				}
-			}
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		_ = c.driver.Run(ctx) // returns ctx.Err()
-	}()
-	if c.dq != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_ = c.dq.driver.Run(ctx) // returns ctx.Err(); restarts its consumer itself
-		}()
+	})
+	// The leader loop and the policy log stop first, the HTTP server (and
+	// admin writes in flight) last.
+	lctx, lcancel := context.WithCancel(ctx)
+	var lwg sync.WaitGroup
+	if c.cfg.PolicyLog {
+		lwg.Go(func() { c.retry(lctx, "policy log follower", c.followPolicies) })
+		lwg.Go(func() { _ = c.mat.Run(lctx) })
 	}
-	c.log.Info("region: coordinator running", "region", c.cfg.Region, "regions", c.cfg.Regions, "epoch", c.cfg.Epoch, "listen", c.Addr())
+	lwg.Go(func() {
+		if c.member == nil {
+			c.retry(lctx, "epoch loop", c.lead)
+			return
+		}
+		_ = c.member.RunWhileLeader(lctx, 100*time.Millisecond, c.lead, func(err error) {
+			c.log.Warn("region: leader term ended", "err", err)
+		})
+	})
+	c.log.Info("region: coordinator running", "region", c.cfg.Region, "name", c.name, "regions", c.cfg.Regions, "epoch", c.cfg.Epoch,
+		"listen", c.Addr(), "gossip", c.GossipAddr(), "policy_log", c.cfg.PolicyLog, "admin_api", c.cfg.AdminTokens != nil)
 
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-serveErr:
+	}
+	lcancel()
+	lwg.Wait()
+	if c.member != nil {
+		var lerr error
+		if c.cfg.LeaveTimeout > 0 {
+			lerr = c.member.Leave(c.cfg.LeaveTimeout)
+		} else {
+			lerr = c.member.Shutdown()
+		}
+		if lerr != nil {
+			c.log.Warn("region: leave the gossip cluster", "err", lerr)
+		}
 	}
 	cancel()
 	sctx, scancel := context.WithTimeout(context.Background(), c.cfg.ShutdownTimeout)
@@ -198,15 +315,66 @@ func (c *Coordinator) run(ctx context.Context) error {
 	}
 	scancel()
 	wg.Wait()
-	c.log.Info("region: coordinator stopped", "region", c.cfg.Region)
+	c.log.Info("region: coordinator stopped", "region", c.cfg.Region, "name", c.name)
+	return err
+}
+
+// retry calls fn until ctx ends, a second after each failure.
+func (c *Coordinator) retry(ctx context.Context, what string, fn func(context.Context) error) {
+	for ctx.Err() == nil {
+		if err := fn(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("region: "+what+" stopped; restarting in 1s", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+// followPolicies makes sure the policy topic exists and replays it.
+func (c *Coordinator) followPolicies(ctx context.Context) error {
+	if err := c.kafka.EnsureTopics(ctx, kafkautil.CompactedTopic(c.cfg.PolicyTopic, 1, -1)); err != nil {
+		return err
+	}
+	return c.follower.Run(ctx)
+}
+
+// lead runs one leader term: a new epoch loop (resuming after the region's
+// last claimed epoch) and the daily-quota replication, until ctx ends (the
+// term is over) or the loop is fenced out (another replica claimed an
+// epoch: rebalancer.ErrFenced) or cannot read the fence.
+func (c *Coordinator) lead(ctx context.Context) error {
+	d, adapter, err := c.newDriver()
+	if err != nil {
+		return err
+	}
+	c.driver.Store(d)
+	c.leading.Store(true)
+	defer c.leading.Store(false)
+	c.log.Info("region: leading the region's epoch loop", "name", c.name)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { c.retry(ctx, "kafka consumer", adapter.Run) })
+	wg.Go(func() { c.retry(ctx, "daily-quota replication", func(ctx context.Context) error { return c.dq.run(ctx, c.policies) }) })
+	err = d.Run(ctx)
+	cancel()
+	wg.Wait()
+	if ctx.Err() != nil && !errors.Is(err, rebalancer.ErrFenced) {
+		return nil
+	}
 	return err
 }
 
 // close releases the clients built by New.
 func (c *Coordinator) close() {
-	if c.dq != nil {
-		if err := c.dq.close(); err != nil {
-			c.log.Warn("region: close daily-quota bus", "err", err)
+	if c.member != nil {
+		_ = c.member.Shutdown()
+	}
+	if c.plog != nil {
+		if err := c.plog.Close(); err != nil {
+			c.log.Warn("region: close policy log", "err", err)
 		}
 	}
 	if c.bus != nil {
@@ -230,41 +398,103 @@ type health struct {
 	Status      string    `json:"status"` // "ok" or "unhealthy"
 	Reason      string    `json:"reason,omitempty"`
 	Region      string    `json:"region"`
+	Name        string    `json:"name"`
+	Role        string    `json:"role"` // "leader" or "follower"
+	Leader      string    `json:"leader,omitempty"`
 	LastEpoch   int64     `json:"last_epoch"`
 	LastCollect time.Time `json:"last_collect,omitzero"`
 	LastMode    string    `json:"last_mode,omitempty"`
 	Unwritten   int       `json:"unwritten_updates"`
 }
 
-// healthz answers 200 when the epoch loop runs and has collected within
-// the last two epochs (or started less than two epochs ago) and its share
-// writes succeed; 503 otherwise, with the reason.
+// healthz answers 200 when this replica follows (another leads), or leads
+// and its epoch loop runs, has collected within the last two epochs (or
+// started less than two epochs ago) and its share writes succeed; 503
+// otherwise, with the reason.
 func (c *Coordinator) healthz(w http.ResponseWriter, _ *http.Request) {
-	st := c.driver.Status()
 	now := time.Now()
 	if c.cfg.Clock != nil {
 		now = c.cfg.Clock.Now()
 	}
-	h := health{Status: "ok", Region: c.cfg.Region, LastEpoch: st.LastEpoch, LastCollect: st.LastCollect, Unwritten: st.Unwritten}
-	if !st.LastDecision.IsZero() {
-		h.LastMode = st.LastMode.String()
+	h := health{Status: "ok", Region: c.cfg.Region, Name: c.name, Role: "follower"}
+	if c.member != nil {
+		h.Leader = c.member.Leader()
 	}
-	stale := 2*c.cfg.Epoch + c.cfg.Epoch/2
-	switch {
-	case !st.Running:
-		h.Reason = "epoch loop not running"
-	case st.LastCollect.IsZero() && now.Sub(st.Started) > stale:
-		h.Reason = "no epoch collected since start"
-	case !st.LastCollect.IsZero() && now.Sub(st.LastCollect) > stale:
-		h.Reason = fmt.Sprintf("last collection %v ago", now.Sub(st.LastCollect).Round(time.Millisecond))
-	case st.LastWriteError != nil:
-		h.Reason = "share writes failing: " + st.LastWriteError.Error()
+	if c.Leading() || c.member == nil {
+		h.Role = "leader"
+		st := c.Status()
+		h.LastEpoch, h.LastCollect, h.Unwritten = st.LastEpoch, st.LastCollect, st.Unwritten
+		if !st.LastDecision.IsZero() {
+			h.LastMode = st.LastMode.String()
+		}
+		stale := 2*c.cfg.Epoch + c.cfg.Epoch/2
+		switch {
+		case !st.Running:
+			h.Reason = "epoch loop not running"
+		case st.LastCollect.IsZero() && now.Sub(st.Started) > stale:
+			h.Reason = "no epoch collected since start"
+		case !st.LastCollect.IsZero() && now.Sub(st.LastCollect) > stale:
+			h.Reason = fmt.Sprintf("last collection %v ago", now.Sub(st.LastCollect).Round(time.Millisecond))
+		case st.LastWriteError != nil:
+			h.Reason = "share writes failing: " + st.LastWriteError.Error()
+		}
 	}
 	code := http.StatusOK
 	if h.Reason != "" {
 		h.Status, code = "unhealthy", http.StatusServiceUnavailable
 	}
+	writeJSON(w, code, h)
+}
+
+// readiness is the /readyz body.
+type readiness struct {
+	Status   string   `json:"status"` // "ready" or "not ready"
+	Problems []string `json:"problems,omitempty"`
+	// PolicySource is "log" (the policy log holds records), "file" (the
+	// bootstrap policies) or "log (empty): file".
+	PolicySource string `json:"policy_source"`
+	Generation   int64  `json:"policy_generation,omitempty"`
+}
+
+// readyTimeout bounds each probe of /readyz.
+const readyTimeout = 2 * time.Second
+
+// readyz answers 200 when this region's Redis answers PING, a Kafka broker
+// answers a metadata request, and the policies are loaded (with the policy
+// log: replayed up to the end it had at start); 503 with every problem
+// otherwise.
+func (c *Coordinator) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+	defer cancel()
+	var rd readiness
+	if err := c.redis.Ping(ctx).Err(); err != nil {
+		rd.Problems = append(rd.Problems, "redis: "+err.Error())
+	}
+	if _, err := c.kafka.Client().Metadata(ctx, &kafka.MetadataRequest{Topics: []string{c.cfg.Topic}}); err != nil {
+		rd.Problems = append(rd.Problems, "kafka: "+err.Error())
+	}
+	rd.PolicySource = "file"
+	if c.cfg.PolicyLog {
+		rd.Generation = c.catalog.Generation()
+		switch {
+		case !c.follower.Ready():
+			rd.Problems = append(rd.Problems, "policies: the policy log is not replayed yet")
+		case c.policies.fromLog():
+			rd.PolicySource = "log"
+		default:
+			rd.PolicySource = "log (empty): file"
+		}
+	}
+	code := http.StatusOK
+	rd.Status = "ready"
+	if len(rd.Problems) > 0 {
+		rd.Status, code = "not ready", http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, rd)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(h)
+	_ = json.NewEncoder(w).Encode(v)
 }

@@ -117,3 +117,35 @@ func (m *metrics) Received(r rebalancer.ReceiveInfo) {
 		m.lastEpoch.WithLabelValues(r.Region).Set(float64(r.Epoch))
 	}
 }
+
+// registerRole exposes this replica's role and the policy log's state:
+// quotient_coordinator_leader (1 while it runs the epoch loop),
+// quotient_coordinator_members (live replicas in its gossip view; 1
+// without gossip), and with the policy log quotient_coordinator_policy_generation
+// and quotient_coordinator_policy_records_bad_total.
+func (c *Coordinator) registerRole() {
+	c.registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "quotient_coordinator_leader", Help: "1 while this replica leads its region's epoch loop and daily-quota replication, else 0."},
+			func() float64 {
+				if c.Leading() {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "quotient_coordinator_members", Help: "Live coordinator replicas of this region in this replica's gossip view (1 without gossip)."},
+			func() float64 {
+				if c.member == nil {
+					return 1
+				}
+				return float64(len(c.member.Alive()))
+			}),
+	)
+	if c.catalog != nil {
+		c.registry.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "quotient_coordinator_policy_generation", Help: "Generation of the policy catalog replayed from the policy log (sum of the highest versions)."},
+				func() float64 { return float64(c.catalog.Generation()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "quotient_coordinator_policy_records_bad_total", Help: "Policy log records refused (undecodable or invalid); they are skipped."},
+				func() float64 { return float64(c.follower.Bad()) }),
+		)
+	}
+}
