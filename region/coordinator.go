@@ -357,7 +357,9 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { c.retry(ctx, "kafka consumer", adapter.Run) })
-	wg.Go(func() { c.retry(ctx, "daily-quota replication", func(ctx context.Context) error { return c.dq.run(ctx, c.policies) }) })
+	wg.Go(func() {
+		c.retry(ctx, "daily-quota replication", func(ctx context.Context) error { return c.dq.run(ctx, c.policies) })
+	})
 	err = d.Run(ctx)
 	cancel()
 	wg.Wait()
