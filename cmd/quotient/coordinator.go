@@ -6,10 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"strconv"
 
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/region"
+	"github.com/quotientlabs/quotient/region/admin"
+	"github.com/quotientlabs/quotient/region/membership"
 )
 
 // runCoordinator implements `quotient coordinator`: it runs one region's
@@ -21,10 +25,12 @@ func runCoordinator(ctx context.Context, env environment, args []string) int {
 	fs := coordinatorFlagSet(&cfg)
 	fs.SetOutput(env.stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(env.stderr, "usage: quotient coordinator --region NAME --regions A,B,C --redis ADDR[,...] --kafka ADDR[,...] --policies FILE [flags]")
+		fmt.Fprintln(env.stderr, "usage: quotient coordinator --region NAME --regions A,B,C --redis ADDR[,...] --kafka ADDR[,...] (--policies FILE | --policy-log) [flags]")
 		fmt.Fprintln(env.stderr, "\nRuns one region's coordinator: every epoch it collects the gateways' usage from Redis,")
 		fmt.Fprintln(env.stderr, "exchanges usage reports over Kafka and writes this region's shares of global limits to Redis;")
 		fmt.Fprintln(env.stderr, "every second it replicates this region's counts of global fixed windows (daily quotas) over Kafka.")
+		fmt.Fprintln(env.stderr, "With --admin-tokens-file it serves the admin API; with --policy-log it follows the policy log")
+		fmt.Fprintln(env.stderr, "and materialises it for the gateways; with --gossip-bind several replicas of a region elect a leader.")
 		fmt.Fprintln(env.stderr, "Every flag can be set by QUOTIENT_<FLAG> (e.g. QUOTIENT_REDIS_CLUSTER); the command line wins.")
 		fmt.Fprintln(env.stderr, "\nflags:")
 		fs.PrintDefaults()
@@ -79,17 +85,55 @@ func coordinatorRegionConfig(cfg coordinatorConfig, env environment) (region.Con
 		return rc, fmt.Errorf("--redis-cluster wants one configuration endpoint in --redis, got %d addresses", len(rc.RedisAddrs))
 	case cfg.usageShards < 1:
 		return rc, fmt.Errorf("--usage-shards %d: want at least 1", cfg.usageShards)
-	case cfg.policies == "":
-		return rc, errors.New("--policies is required: the JSON policy file whose scope:global policies are shared")
+	case cfg.policies == "" && !cfg.policyLog && cfg.adminTokens == "":
+		return rc, errors.New("--policies is required without --policy-log: the JSON policy file whose scope:global policies are shared")
+	case cfg.gossipBind == "" && cfg.gossipSeeds != "":
+		return rc, errors.New("--gossip-seeds needs --gossip-bind: the address this replica gossips on")
 	}
-	data, err := os.ReadFile(cfg.policies)
-	if err != nil {
-		return rc, fmt.Errorf("--policies: %w", err)
+	rc.PolicyLog = cfg.policyLog || cfg.adminTokens != ""
+	if cfg.policies != "" {
+		data, err := os.ReadFile(cfg.policies)
+		if err != nil {
+			return rc, fmt.Errorf("--policies: %w", err)
+		}
+		pols, err := limiter.ParsePolicies(data)
+		if err != nil {
+			return rc, fmt.Errorf("--policies %s: %w", cfg.policies, err)
+		}
+		rc.Policies = pols
 	}
-	pols, err := limiter.ParsePolicies(data)
-	if err != nil {
-		return rc, fmt.Errorf("--policies %s: %w", cfg.policies, err)
+	if cfg.adminTokens != "" {
+		data, err := os.ReadFile(cfg.adminTokens)
+		if err != nil {
+			return rc, fmt.Errorf("--admin-tokens-file: %w", err)
+		}
+		if rc.AdminTokens, err = admin.ParseTokens(data); err != nil {
+			return rc, fmt.Errorf("--admin-tokens-file %s: %w", cfg.adminTokens, err)
+		}
 	}
-	rc.Policies = pols
+	if cfg.gossipBind != "" {
+		name := cfg.nodeName
+		if name == "" {
+			h, err := os.Hostname()
+			if err != nil || h == "" {
+				return rc, fmt.Errorf("--node-name is empty and the host name is unknown (%v): set --node-name", err)
+			}
+			name = h
+		}
+		host, portText, err := net.SplitHostPort(cfg.gossipBind)
+		if err != nil {
+			return rc, fmt.Errorf("--gossip-bind %q: want host:port: %v", cfg.gossipBind, err)
+		}
+		port, err := strconv.Atoi(portText)
+		if err != nil || port < 0 || port > 65535 {
+			return rc, fmt.Errorf("--gossip-bind %q: port %q is not in 0..65535", cfg.gossipBind, portText)
+		}
+		g := membership.DefaultConfig(name)
+		if host != "" {
+			g.BindAddr = host
+		}
+		g.BindPort, g.Seeds, g.Logger = port, splitList(cfg.gossipSeeds), rc.Logger
+		rc.Gossip = &g
+	}
 	return rc, nil
 }

@@ -24,6 +24,11 @@ type coordinatorConfig struct {
 	mirrored     bool          // one Kafka cluster per region, mirrored with MirrorMaker 2
 	usageShards  int           // the gateways' usage shard count
 	logLevel     string        // debug, info, warn, error
+	policyLog    bool          // follow the policy topic (the admin API's log)
+	adminTokens  string        // token file of the admin API; implies policyLog
+	nodeName     string        // this replica's name in the region
+	gossipBind   string        // host:port of memberlist gossip; empty: single replica
+	gossipSeeds  string        // comma list of other replicas' gossip addresses
 }
 
 // coordinatorFlagSet defines the flags of `quotient coordinator` on cfg.
@@ -40,7 +45,12 @@ func coordinatorFlagSet(cfg *coordinatorConfig) *flag.FlagSet {
 	fs.DurationVar(&cfg.epoch, "epoch", 10*time.Second, "rebalance interval; epochs are aligned to multiples of it since the Unix epoch")
 	fs.DurationVar(&cfg.maxWait, "max-wait", 0, "how long after an epoch ends to wait for the other regions' reports (default min(2s, epoch/2))")
 	fs.DurationVar(&cfg.collectDelay, "collect-delay", 0, "how long after an epoch ends to collect its usage, so the gateways' last flush lands (default min(1s, max-wait/2))")
-	fs.StringVar(&cfg.policies, "policies", "", "JSON policy file, the gateways' own; its scope:global bucket policies are shared and its scope:global fixed windows replicated over Kafka (must be set until issue 7 distributes policies)")
+	fs.StringVar(&cfg.policies, "policies", "", "JSON policy file, the gateways' own; its scope:global bucket policies are shared and its scope:global fixed windows replicated over Kafka. Required without --policy-log; with it, the bootstrap set until the policy log holds any record")
+	fs.BoolVar(&cfg.policyLog, "policy-log", false, "follow the policy topic quotient.policies (the admin API's log): materialise it into this region's Redis for the gateways and take the global policies from it once it holds any record")
+	fs.StringVar(&cfg.adminTokens, "admin-tokens-file", "", "serve the admin API under /v1/ on --listen with the bearer tokens of this file (lines: <name> <read|admin> <token>); implies --policy-log")
+	fs.StringVar(&cfg.nodeName, "node-name", "", "this replica's unique name in the region (gossip name, owner of the epochs it claims; default: the host name)")
+	fs.StringVar(&cfg.gossipBind, "gossip-bind", "", "host:port where this replica gossips with the region's other replicas (memberlist, TCP and UDP); empty: a single replica, always the leader")
+	fs.StringVar(&cfg.gossipSeeds, "gossip-seeds", "", "comma-separated gossip addresses of other replicas of this region to join (empty: start a new cluster)")
 	fs.StringVar(&cfg.topic, "topic", "quotient.usage", "Kafka topic of usage reports")
 	fs.BoolVar(&cfg.mirrored, "mirrored", false, "one Kafka cluster per region mirrored with MirrorMaker 2: also consume <region>.<topic> for every other region")
 	fs.IntVar(&cfg.usageShards, "usage-shards", 16, "usage shard hashes per epoch; must match the gateways")

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -55,6 +57,12 @@ func TestCoordinatorBadInput(t *testing.T) {
 		{"bad log level", append(base, "--policies", good, "--log-level", "loud"), nil, "--log-level"},
 		{"bad shards", append(base, "--policies", good, "--usage-shards", "0"), nil, "--usage-shards 0"},
 		{"unknown flag", append(base, "--nope"), nil, "flag provided but not defined: -nope"},
+		{"missing tokens", append(base, "--admin-tokens-file", "/nonexistent/tokens"), nil, "--admin-tokens-file: open /nonexistent/tokens"},
+		{"bad tokens", append(base, "--admin-tokens-file", writePolicies(t, "ops superuser 0123456789abcdef0123\n")), nil, "line 1"},
+		{"seeds without bind", append(base, "--policy-log", "--gossip-seeds", "10.0.0.1:7946"), nil, "--gossip-seeds needs --gossip-bind"},
+		{"bad gossip bind", append(base, "--policy-log", "--gossip-bind", "7946"), nil, `--gossip-bind "7946": want host:port`},
+		{"bad gossip port", append(base, "--policy-log", "--gossip-bind", ":port"), nil, `port "port" is not in 0..65535`},
+		{"tokens need unique names", append(base, "--admin-tokens-file", writePolicies(t, "ops admin 0123456789abcdef0123\nops read abcdef0123456789abcd\n")), nil, "--admin-tokens-file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env, errb := coordinatorEnvOf(tc.env)
@@ -71,6 +79,22 @@ func TestCoordinatorBadInput(t *testing.T) {
 // real redis-server and kfake, the command serves /healthz and exits 0
 // when its context ends (SIGTERM in main).
 func TestCoordinatorRunsAndStops(t *testing.T) {
+	testCoordinatorRuns(t, map[string]string{"QUOTIENT_POLICIES": writePolicies(t, globalPolicy)}, "/healthz", "")
+}
+
+// TestCoordinatorControlPlaneRunsAndStops: the same with the control plane
+// from the environment (no policy file: the policy log, the admin API and
+// gossip); /readyz answers 200 once the (empty) log is replayed and the
+// admin API answers a read token.
+func TestCoordinatorControlPlaneRunsAndStops(t *testing.T) {
+	const tok = "read-token-0123456789"
+	testCoordinatorRuns(t, map[string]string{
+		"QUOTIENT_ADMIN_TOKENS_FILE": writePolicies(t, "viewer read "+tok+"\n"),
+		"QUOTIENT_GOSSIP_BIND":       "127.0.0.1:0", "QUOTIENT_NODE_NAME": "a-1",
+	}, "/readyz", tok)
+}
+
+func testCoordinatorRuns(t *testing.T, extra map[string]string, probe, token string) {
 	srv := redistest.StartServer(t)
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(t, err)
@@ -80,11 +104,12 @@ func TestCoordinatorRunsAndStops(t *testing.T) {
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
 
-	env, errb := coordinatorEnvOf(map[string]string{
+	vars := map[string]string{
 		"QUOTIENT_REGION": "a", "QUOTIENT_REGIONS": "a", "QUOTIENT_REDIS": srv.Addr(),
 		"QUOTIENT_KAFKA": kc.ListenAddrs()[0], "QUOTIENT_LISTEN": addr, "QUOTIENT_EPOCH": "1s",
-		"QUOTIENT_POLICIES": writePolicies(t, globalPolicy),
-	})
+	}
+	maps.Copy(vars, extra)
+	env, errb := coordinatorEnvOf(vars)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, env, []string{"coordinator"}) }()
@@ -93,11 +118,13 @@ func TestCoordinatorRunsAndStops(t *testing.T) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		resp, err := http.Get("http://" + addr + "/healthz")
+		resp, err := http.Get("http://" + addr + probe)
 		if err == nil {
 			_ = resp.Body.Close()
-			require.Equal(t, http.StatusOK, resp.StatusCode)
-			break
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+			err = errors.New(resp.Status)
 		}
 		require.True(t, time.Now().Before(deadline), "no /healthz by the deadline: %v\n%s", err, errb.String())
 		select {
@@ -105,6 +132,15 @@ func TestCoordinatorRunsAndStops(t *testing.T) {
 			t.Fatalf("exited early with %d: %s", code, errb.String())
 		case <-tick.C:
 		}
+	}
+	if token != "" {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+addr+"/v1/policies", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
 	}
 	cancel()
 	select {
