@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,16 +24,21 @@ import (
 
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/limiter/httplimit"
+	"github.com/quotientlabs/quotient/region/policysync"
 )
 
-const gatewayUsage = `usage: quotient gateway --upstream URL --redis ADDR[,ADDR...] --policies FILE [flags]
+const gatewayUsage = `usage: quotient gateway --upstream URL --redis ADDR[,ADDR...] (--policies FILE | --policy-source redis) [flags]
 
 Runs a reverse proxy that rate limits every request with the Quotient limiter
 before forwarding it to the upstream. The API key comes from X-API-Key or
 Authorization: Bearer; --keys maps known keys to {"tier","account"}; other
 requests are anonymous (tier "anonymous") and limited per client address
 (/64 for IPv6). The policies file is a JSON array of policy documents,
-reloaded when it changes (the last good version stays on bad input).
+reloaded when it changes (the last good version stays on bad input). With
+--policy-source redis the policies and per-subject overrides come from the
+snapshot the region's coordinators materialise from the policy log (reloaded
+on notification and every --policy-interval); --policies is then optional,
+the set in force until the first snapshot.
 /metrics serves Prometheus metrics. Every flag can also be set with
 QUOTIENT_<FLAG> (--redis is QUOTIENT_REDIS).
 
@@ -41,7 +47,8 @@ flags:`
 // gatewayConfig is the parsed command line of `quotient gateway`.
 type gatewayConfig struct {
 	listen, upstream, redis, policies, keys, trusted, region, metricsListen string
-	timeout, reload, epoch, maxDelay, shutdown                              time.Duration
+	policySource                                                            string // "file" or "redis"
+	timeout, reload, epoch, maxDelay, shutdown, policyInterval              time.Duration
 	instances, usageShards                                                  int
 	eventSample                                                             float64
 }
@@ -57,7 +64,9 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 	fs.StringVar(&c.listen, "listen", ":8080", "address to serve on")
 	fs.StringVar(&c.upstream, "upstream", "", "URL of the service to forward to (required)")
 	fs.StringVar(&c.redis, "redis", "", "region Redis address; a comma list of several means a Redis Cluster (required)")
-	fs.StringVar(&c.policies, "policies", "", "policy file, a JSON array of policy documents (required)")
+	fs.StringVar(&c.policies, "policies", "", "policy file, a JSON array of policy documents (required with --policy-source file; with redis, the set until the first snapshot)")
+	fs.StringVar(&c.policySource, "policy-source", "file", "where policies come from: file (--policies, watched) or redis (the coordinators' snapshot of the policy log, with overrides)")
+	fs.DurationVar(&c.policyInterval, "policy-interval", 30*time.Second, "with --policy-source redis: longest time between two reads of the snapshot (a lost notification delays a change by at most this)")
 	fs.StringVar(&c.keys, "keys", "", `JSON object mapping each API key to {"tier": ..., "account": ...}`)
 	fs.StringVar(&c.trusted, "trusted-proxies", "", "comma list of CIDR prefixes whose X-Forwarded-For / Forwarded is believed")
 	fs.StringVar(&c.region, "region", "local", "region name, a constant label on every metric")
@@ -80,8 +89,12 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 		return nil, errors.New("--upstream is required (or QUOTIENT_UPSTREAM)")
 	case c.redis == "":
 		return nil, errors.New("--redis is required (or QUOTIENT_REDIS)")
-	case c.policies == "":
-		return nil, errors.New("--policies is required (or QUOTIENT_POLICIES)")
+	case c.policySource != "file" && c.policySource != "redis":
+		return nil, fmt.Errorf("--policy-source %q: want file or redis", c.policySource)
+	case c.policies == "" && c.policySource == "file":
+		return nil, errors.New("--policies is required (or QUOTIENT_POLICIES) unless --policy-source redis")
+	case c.policyInterval <= 0:
+		return nil, fmt.Errorf("--policy-interval must be > 0, got %v", c.policyInterval)
 	case c.timeout <= 0:
 		return nil, fmt.Errorf("--timeout must be > 0, got %v", c.timeout)
 	case c.reload <= 0:
@@ -130,13 +143,15 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 			return err
 		}
 	}
-	data, err := os.ReadFile(cfg.policies)
-	if err != nil {
-		return fmt.Errorf("--policies: %w", err)
-	}
-	policies, err := limiter.ParsePolicies(data)
-	if err != nil {
-		return fmt.Errorf("--policies %s: %w", cfg.policies, err)
+	var policies []*limiter.Policy
+	if cfg.policies != "" {
+		data, err := os.ReadFile(cfg.policies)
+		if err != nil {
+			return fmt.Errorf("--policies: %w", err)
+		}
+		if policies, err = limiter.ParsePolicies(data); err != nil {
+			return fmt.Errorf("--policies %s: %w", cfg.policies, err)
+		}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -153,19 +168,35 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	lcfg.EventSampleRate = cfg.eventSample
 	lcfg.Logger = log
 	lcfg.Metrics = regionReg
+	// The limiter asks the reloader for overrides; the reloader needs the
+	// limiter: the hook is set once both exist, before any request.
+	hook := &overrideHook{}
+	if cfg.policySource == "redis" {
+		lcfg.Overrides = hook
+	}
 	l, err := limiter.New(lcfg, policies)
 	if err != nil {
 		return err
 	}
 
-	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "quotient_gateway_policy_reloads_total",
-		Help: "Policy file reloads by result (ok, error).",
-	}, []string{"result"})
-	regionReg.MustRegister(reloads)
-	watcher := &policyWatcher{path: cfg.policies, l: l, log: log, reloads: reloads}
-	if err := watcher.init(); err != nil {
-		return err
+	var watcher *policyWatcher
+	var reloader *policysync.Reloader
+	if cfg.policySource == "file" {
+		reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quotient_gateway_policy_reloads_total",
+			Help: "Policy file reloads by result (ok, error).",
+		}, []string{"result"})
+		regionReg.MustRegister(reloads)
+		watcher = &policyWatcher{path: cfg.policies, l: l, log: log, reloads: reloads}
+		if err := watcher.init(); err != nil {
+			return err
+		}
+	} else {
+		reloader, err = policysync.NewReloader(policysync.ReloaderConfig{Client: client, Target: l, Interval: cfg.policyInterval, Logger: log, Metrics: regionReg})
+		if err != nil {
+			return err
+		}
+		hook.r.Store(reloader)
 	}
 
 	flusher := limiter.NewUsageFlusher(l, limiter.NewRedisUsageSink(client, cfg.usageShards, cfg.epoch, 3), limiter.UsageFlusherConfig{Logger: log})
@@ -228,7 +259,11 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	go watcher.run(watchCtx, cfg.reload)
+	if watcher != nil {
+		go watcher.run(watchCtx, cfg.reload)
+	} else {
+		go func() { _ = reloader.Run(watchCtx) }()
+	}
 
 	var serveErr error
 	select {
@@ -245,6 +280,23 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	wg.Wait()
 	log.Info("gateway stopped")
 	return serveErr
+}
+
+// overrideHook gives the limiter the Reloader's overrides (none until it is
+// set). Safe for concurrent use.
+type overrideHook struct {
+	r atomic.Pointer[policysync.Reloader]
+}
+
+var _ limiter.Overrides = (*overrideHook)(nil)
+
+// Override implements limiter.Overrides.
+func (h *overrideHook) Override(subject limiter.Subject, policyID string, now time.Time) (*limiter.Policy, bool) {
+	r := h.r.Load()
+	if r == nil {
+		return nil, false
+	}
+	return r.Override(subject, policyID, now)
 }
 
 // newRedisClient is a standalone client for one address, a cluster client

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quotientlabs/quotient/internal/redistest"
+	"github.com/quotientlabs/quotient/region/admin"
+	"github.com/quotientlabs/quotient/region/policysync"
 )
 
 // syncBuffer is an io.Writer safe for concurrent use.
@@ -261,4 +264,60 @@ func TestGatewayFlagsAndEnvironment(t *testing.T) {
 	assert.ErrorContains(t, err, "plan")
 	_, err = loadKeys(gwFile(t, dir, "k2.json", `{"k":{"account":"a"}}`))
 	assert.ErrorContains(t, err, "tier is required")
+}
+
+// TestGatewayFollowsRedisPolicies: with --policy-source redis and no policy
+// file, the gateway enforces the snapshot the coordinators materialise in
+// its region's Redis (written here with policysync.WriteSnapshot, as the
+// Materializer does), including a per-subject override, and follows a new
+// snapshot on its notification. Every wait is bounded.
+func TestGatewayFollowsRedisPolicies(t *testing.T) {
+	srv := redistest.StartServer(t)
+	up := upstream(t)
+	dir := t.TempDir()
+	base, stderr, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(), "--policy-source", "redis",
+		"--keys", gwFile(t, dir, "keys.json", gatewayKeys), "--timeout", "200ms")
+	pol := json.RawMessage(`{"id":"pro-burst","version":1,"match":{"tier":"pro"},"algorithm":"token_bucket","rate_per_sec":0.01,"burst":2}`)
+	snap := policysync.Snapshot{Generation: 1, Policies: []json.RawMessage{pol}, Overrides: []admin.Override{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := policysync.WriteSnapshot(ctx, srv.Client(), snap)
+	require.NoError(t, err)
+
+	c := &http.Client{Timeout: 5 * time.Second}
+	// admitted counts requests of key k until the first 429 (at most 20).
+	admitted := func(k string) int {
+		for i := range 20 {
+			resp, _ := get(t, c, base+"/x", map[string]string{"X-API-Key": k})
+			if resp.StatusCode == http.StatusTooManyRequests {
+				return i
+			}
+		}
+		return 20
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for !cond() {
+			require.True(t, time.Now().Before(deadline), "%s: not by the deadline; stderr:\n%s", what, stderr.String())
+			time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+		}
+	}
+	generation := func(n int) func() bool {
+		return func() bool {
+			_, body := get(t, c, base+"/metrics", nil)
+			return strings.Contains(string(body), `quotient_policy_generation{region="local"} `+strconv.Itoa(n)+"\n")
+		}
+	}
+	waitFor("generation 1 in force", generation(1))
+	assert.Equal(t, 2, admitted("k1"), "the snapshot's burst of 2")
+
+	// An override of k2 (burst 6) in a newer snapshot: k2 gets 6, k1 still none left.
+	snap.Generation = 2
+	snap.Overrides = []admin.Override{{ID: admin.OverrideID("pro-burst", "k:k2"), Subject: "k:k2", Policy: "pro-burst", Burst: 6, ExpiresAt: time.Now().Add(time.Hour).UTC(), Reason: "test"}}
+	_, err = policysync.WriteSnapshot(ctx, srv.Client(), snap)
+	require.NoError(t, err)
+	waitFor("generation 2 in force", generation(2))
+	assert.Equal(t, 6, admitted("k2"), "the override's burst of 6")
+	assert.Equal(t, 0, admitted("k1"), "k1 has no override and its burst is spent")
 }
