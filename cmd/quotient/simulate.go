@@ -15,10 +15,13 @@ import (
 )
 
 // runSimulate implements `quotient simulate [--out DIR] [--seed N] FILE...`:
-// it validates every scenario file, runs the valid ones in virtual time,
+// it validates every scenario file, runs the valid ones in virtual time
+// (or, with --live, in scaled real time against real Redis servers, a
+// Kafka broker and the region coordinators; see package simulations/live),
 // writes their outputs into --out and prints the accuracy table. Exit
 // status: 0 when every scenario meets its target, 1 when one misses it, 2
-// when a file is invalid or a run fails (the other files still run).
+// when a file is invalid (or uses a field live mode does not support) or a
+// run fails (the other files still run).
 func runSimulate(ctx context.Context, env environment, args []string) int {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
@@ -26,8 +29,11 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 	seed := fs.String("seed", "", "seed for every scenario, replacing the files' own (an integer)")
 	cold := fs.Bool("cold-start", false, "start the coordinators with the traffic at t=0 (default: they run for a few epochs before it, as in a deployed system)")
 	progress := fs.Bool("progress", isTerminal(env.stderr), "show progress on stderr (default: when stderr is a terminal)")
+	var lf liveFlags
+	lf.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(env.stderr, "usage: quotient simulate [--out DIR] [--seed N] [--cold-start] FILE...")
+		fmt.Fprintln(env.stderr, "       quotient simulate --live --kafka ADDR --redis REGION=ADDR,... [--time-scale N] [--rate-scale F] [--out DIR] [--seed N] FILE...")
 		fmt.Fprintln(env.stderr, "\nRuns scenario files (see simulations/doc.go) in virtual time through the real limiter")
 		fmt.Fprintln(env.stderr, "and writes <name>.summary.json, .windows.csv, .seconds.csv and .svg into DIR.")
 		fmt.Fprintln(env.stderr, "Exit status: 0 all scenarios pass, 1 one misses its target, 2 bad input or internal error.")
@@ -53,6 +59,11 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 			return 2
 		}
 		seedOverride = &v
+	}
+	lcfg, err := lf.config(*cold)
+	if err != nil {
+		fmt.Fprintln(env.stderr, "quotient simulate:", err)
+		return 2
 	}
 
 	status := 0
@@ -80,6 +91,18 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 		}
 		if seedOverride != nil {
 			sc.Seed = *seedOverride
+		}
+		if lf.live {
+			rep, code := runLiveFile(ctx, env, file, sc, lf, lcfg, *progress)
+			if rep != nil {
+				if err := rep.WriteFiles(*out); err != nil {
+					fmt.Fprintf(env.stderr, "%s: %v\n", file, err)
+					code = 2
+				}
+				reports = append(reports, rep)
+			}
+			status = max(status, code)
+			continue
 		}
 		opt := simulations.Options{ColdStart: *cold}
 		if *progress {

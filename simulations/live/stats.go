@@ -1,6 +1,10 @@
 package live
 
 import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,4 +61,37 @@ func coordinatorStats(reg prometheus.Gatherer) CoordinatorStats {
 		st.MeanReportLag = time.Duration(lagSum / float64(st.Reports) * float64(time.Second))
 	}
 	return st
+}
+
+// Faithful reports whether the run kept to its real-time schedule, so
+// that its accuracy measures Quotient rather than the machine, and if not
+// why: at most 1% of requests started more than one scenario second late,
+// at most 0.1% fell back (store deadline missed), and every coordinator
+// decision after warm-up was timely and complete (no hold or late
+// decision: a report that misses MaxWait costs a whole epoch of growth),
+// with no publish, read or write error.
+func (s Stats) Faithful() (bool, string) {
+	var why []string
+	if s.Late*100 > s.Requests {
+		why = append(why, fmt.Sprintf("%d of %d requests late", s.Late, s.Requests))
+	}
+	if s.Fallback*1000 > s.Requests {
+		why = append(why, fmt.Sprintf("%d of %d decisions fell back", s.Fallback, s.Requests))
+	}
+	for _, r := range slices.Sorted(maps.Keys(s.CoordinatorStats)) {
+		cs := s.CoordinatorStats[r]
+		var n int64
+		for mode, v := range cs.Decisions {
+			if mode != "grow" && mode != "fallback" {
+				n += v
+			}
+		}
+		if n > 0 {
+			why = append(why, fmt.Sprintf("%s: %d decisions held or late", r, n))
+		}
+		for kind, v := range cs.Errors {
+			why = append(why, fmt.Sprintf("%s: %d %s errors", r, v, kind))
+		}
+	}
+	return len(why) == 0, strings.Join(why, "; ")
 }
