@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -98,15 +97,11 @@ type Stats struct {
 // Bus publishes this region's counts and consumes every region's. Publish
 // and Run are safe for concurrent use. Construct with New.
 type Bus struct {
-	cfg     Config
-	cluster *kafkautil.Cluster
-	writer  *kafka.Writer
+	cfg      Config
+	cluster  *kafkautil.Cluster
+	producer *kafkautil.Producer
 
 	published, consumed, malformed, restarts atomic.Int64
-
-	mu      sync.Mutex
-	created bool
-	closed  bool
 }
 
 var _ dailyquota.Bus = (*Bus)(nil)
@@ -120,11 +115,18 @@ func New(cluster *kafkautil.Cluster, cfg Config) (*Bus, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	w, err := cluster.NewWriter(kafkautil.DefaultWriterConfig(cfg.Topic))
+	var create *kafkautil.TopicSpec
+	if !cfg.SkipCreateTopic {
+		spec := kafkautil.CompactedTopic(cfg.Topic, cfg.Partitions, cfg.ReplicationFactor)
+		spec.Config["cleanup.policy"] = "compact,delete"
+		spec.Config["retention.ms"] = strconv.FormatInt(cfg.Retention.Milliseconds(), 10)
+		create = &spec
+	}
+	p, err := cluster.NewProducer(kafkautil.DefaultWriterConfig(cfg.Topic), create)
 	if err != nil {
 		return nil, fmt.Errorf("kafkarepl: %w", err)
 	}
-	return &Bus{cfg: cfg, cluster: cluster, writer: w}, nil
+	return &Bus{cfg: cfg, cluster: cluster, producer: p}, nil
 }
 
 // Stats returns a snapshot of the counters.
@@ -134,35 +136,9 @@ func (b *Bus) Stats() Stats {
 
 // Close flushes and closes the writer; Publish fails with ErrClosed after.
 func (b *Bus) Close() error {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		return nil
-	}
-	b.closed = true
-	b.mu.Unlock()
-	if err := b.writer.Close(); err != nil {
-		return fmt.Errorf("kafkarepl: close writer: %w", err)
-	}
-	return nil
-}
-
-func (b *Bus) ensureTopic(ctx context.Context) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return ErrClosed
-	}
-	if b.created || b.cfg.SkipCreateTopic {
-		return nil
-	}
-	spec := kafkautil.CompactedTopic(b.cfg.Topic, b.cfg.Partitions, b.cfg.ReplicationFactor)
-	spec.Config["cleanup.policy"] = "compact,delete"
-	spec.Config["retention.ms"] = strconv.FormatInt(b.cfg.Retention.Milliseconds(), 10)
-	if err := b.cluster.EnsureTopics(ctx, spec); err != nil {
+	if err := b.producer.Close(); err != nil {
 		return fmt.Errorf("kafkarepl: %w", err)
 	}
-	b.created = true
 	return nil
 }
 
@@ -211,13 +187,10 @@ func (b *Bus) Publish(ctx context.Context, counts []dailyquota.Count) error {
 		}
 		msgs[i] = kafka.Message{Key: []byte(RecordKey(c.Key)), Value: v, Time: now}
 	}
-	if err := b.ensureTopic(ctx); err != nil {
-		return err
-	}
-	err := kafkautil.RetryUnknownTopic(ctx, kafkautil.DefaultBackoff(), func() error {
-		return b.writer.WriteMessages(ctx, msgs...)
-	})
-	if err != nil {
+	if err := b.producer.Write(ctx, msgs...); err != nil {
+		if errors.Is(err, kafkautil.ErrClosed) {
+			return ErrClosed
+		}
 		return fmt.Errorf("kafkarepl: publish %d counts to %q: %w", len(msgs), b.cfg.Topic, err)
 	}
 	b.published.Add(int64(len(msgs)))

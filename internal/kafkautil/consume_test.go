@@ -361,3 +361,45 @@ func indexOf(gs []got, s string) int {
 	}
 	return -1
 }
+
+// TestProducerCreatesTopicOnFirstWrite: a Producer with a TopicSpec creates
+// its topic on the first Write and writes at once; one without fails with an
+// unknown-topic error on a missing topic; Write after Close is ErrClosed.
+func TestProducerCreatesTopicOnFirstWrite(t *testing.T) {
+	cl := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+
+	spec := kafkautil.RetainedTopic("made", 2, 1, time.Hour)
+	p, err := cl.NewProducer(kafkautil.DefaultWriterConfig("made"), &spec)
+	require.NoError(t, err)
+	_, err = cl.Partitions(ctx, "made")
+	require.ErrorIs(t, err, kafkautil.ErrUnknownTopic, "NewProducer does no I/O")
+	require.NoError(t, p.Write(ctx, kafka.Message{Key: []byte("k"), Value: []byte("v")}))
+	ids, err := cl.Partitions(ctx, "made")
+	require.NoError(t, err)
+	assert.Equal(t, []int{0, 1}, ids)
+	require.NoError(t, p.Write(ctx, kafka.Message{Key: []byte("k"), Value: []byte("w")}))
+
+	r := startConsume(t, cl, kafkautil.ConsumeConfig{Topics: []string{"made"}})
+	msgs := r.next(t, 2)
+	assert.Equal(t, msgs[0].partition, msgs[1].partition, "one key, one partition")
+	assert.Equal(t, []string{"v", "w"}, []string{msgs[0].value, msgs[1].value})
+
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close(), "closing again is fine")
+	require.ErrorIs(t, p.Write(ctx, kafka.Message{Value: []byte("late")}), kafkautil.ErrClosed)
+
+	managed, err := cl.NewProducer(kafkautil.DefaultWriterConfig("managed"), nil)
+	require.NoError(t, err)
+	defer managed.Close()
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	err = managed.Write(short, kafka.Message{Value: []byte("x")})
+	require.Error(t, err)
+	assert.True(t, kafkautil.IsUnknownTopic(err), "want an unknown-topic error, got %v", err)
+
+	_, err = cl.NewProducer(kafkautil.DefaultWriterConfig("bad"), &kafkautil.TopicSpec{Name: "bad", Partitions: 0, ReplicationFactor: 1})
+	require.ErrorIs(t, err, kafkautil.ErrConfig)
+	assert.ErrorContains(t, err, `topic "bad": partitions 0`)
+}

@@ -8,6 +8,8 @@
 // What it does:
 //   - Writers with acks=all, millisecond batch timeouts, a byte bound on
 //     batches and lz4 compression (NewWriter).
+//   - A Producer per bus topic: one Writer, the topic created before the
+//     first write unless it is managed elsewhere, unknown topics retried.
 //   - Idempotent topic creation through kafka.Client.CreateTopics, with
 //     per-topic config (compacted or time-retained); "already exists" is
 //     success (EnsureTopics).

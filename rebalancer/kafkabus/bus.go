@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -159,14 +158,10 @@ type counters struct {
 // Construct with New. Publish and Run are safe for concurrent use; several
 // Run calls may run at once, each reading every consumed topic on its own.
 type Bus struct {
-	cfg     Config
-	cluster *kafkautil.Cluster
-	writer  *kafka.Writer
-	stats   counters
-
-	mu      sync.Mutex
-	created bool
-	closed  bool
+	cfg      Config
+	cluster  *kafkautil.Cluster
+	producer *kafkautil.Producer
+	stats    counters
 }
 
 // New returns a Bus on cluster. It does no I/O. The caller keeps ownership
@@ -180,11 +175,17 @@ func New(cluster *kafkautil.Cluster, cfg Config) (*Bus, error) {
 	}
 	wc := kafkautil.DefaultWriterConfig(cfg.Topic)
 	wc.BatchBytes = int64(cfg.MaxMessageBytes)
-	w, err := cluster.NewWriter(wc)
+	var create *kafkautil.TopicSpec
+	if !cfg.SkipCreateTopic {
+		spec := kafkautil.RetainedTopic(cfg.Topic, cfg.Partitions, cfg.ReplicationFactor, cfg.Retention)
+		spec.Config["max.message.bytes"] = fmt.Sprint(cfg.MaxMessageBytes + 4096)
+		create = &spec
+	}
+	p, err := cluster.NewProducer(wc, create)
 	if err != nil {
 		return nil, fmt.Errorf("kafkabus: %w", err)
 	}
-	return &Bus{cfg: cfg, cluster: cluster, writer: w}, nil
+	return &Bus{cfg: cfg, cluster: cluster, producer: p}, nil
 }
 
 // Stats returns a snapshot of the counters.
@@ -201,34 +202,9 @@ func (b *Bus) Stats() Stats {
 // Close flushes and closes the writer. Publish fails with ErrClosed
 // afterwards; running Run calls are stopped by their own contexts.
 func (b *Bus) Close() error {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		return nil
-	}
-	b.closed = true
-	b.mu.Unlock()
-	if err := b.writer.Close(); err != nil {
-		return fmt.Errorf("kafkabus: close writer: %w", err)
-	}
-	return nil
-}
-
-func (b *Bus) ensureTopic(ctx context.Context) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return ErrClosed
-	}
-	if b.created || b.cfg.SkipCreateTopic {
-		return nil
-	}
-	spec := kafkautil.RetainedTopic(b.cfg.Topic, b.cfg.Partitions, b.cfg.ReplicationFactor, b.cfg.Retention)
-	spec.Config["max.message.bytes"] = fmt.Sprint(b.cfg.MaxMessageBytes + 4096)
-	if err := b.cluster.EnsureTopics(ctx, spec); err != nil {
+	if err := b.producer.Close(); err != nil {
 		return fmt.Errorf("kafkabus: %w", err)
 	}
-	b.created = true
 	return nil
 }
 
@@ -246,13 +222,10 @@ func (b *Bus) Publish(ctx context.Context, r *quotientv1.UsageReport) error {
 	if err != nil {
 		return err
 	}
-	if err := b.ensureTopic(ctx); err != nil {
-		return err
-	}
-	err = kafkautil.RetryUnknownTopic(ctx, kafkautil.DefaultBackoff(), func() error {
-		return b.writer.WriteMessages(ctx, msgs...)
-	})
-	if err != nil {
+	if err := b.producer.Write(ctx, msgs...); err != nil {
+		if errors.Is(err, kafkautil.ErrClosed) {
+			return ErrClosed
+		}
 		return fmt.Errorf("kafkabus: publish report region %q epoch %d seq %d (%d parts) to %q: %w",
 			r.GetRegion(), r.GetEpoch(), r.GetSeq(), len(msgs), b.cfg.Topic, err)
 	}
