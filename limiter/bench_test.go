@@ -96,20 +96,30 @@ func runParallel(tb testing.TB, n int, fn func(i int) error) (time.Duration, []t
 }
 
 // BenchmarkCompareRedisRate measures, in the same run against the same
-// redis-server, Limiter.Check with two policies per request and
-// redis_rate's Allow with one, both with 64 concurrent callers, and reports
-// decisions per second of each and their ratio (quotient / redis_rate).
+// redis-server, Limiter.Check with two policies per request (directly, and
+// through a store with automatic pipelining) and redis_rate's Allow with
+// one, all with 64 concurrent callers, and reports decisions per second of
+// each and the ratios to redis_rate.
 func BenchmarkCompareRedisRate(b *testing.B) {
 	client := benchClient(b)
 	l := benchLimiter(b, client, benchPolicies(b))
+	ps, err := NewPipelinedRedisStore(client, DefaultPipelineConfig())
+	require.NoError(b, err)
+	b.Cleanup(ps.Close)
+	cfg := DefaultConfig()
+	cfg.Store, cfg.Deadline, cfg.DenyCacheMaxKeys, cfg.EventSampleRate = ps, 10*time.Second, -1, -1
+	lp, err := New(cfg, benchPolicies(b))
+	require.NoError(b, err)
 	rr := redis_rate.NewLimiter(client)
 	ctx := context.Background()
 	const perRound = 20_000
-	var qTime, rTime time.Duration
+	var qTime, pTime, rTime time.Duration
 	b.ResetTimer()
 	for round := 0; round < b.N; round++ {
 		d, _ := runParallel(b, perRound, func(i int) error { return storeCheck(l, i) })
 		qTime += d
+		d, _ = runParallel(b, perRound, func(i int) error { return storeCheck(lp, i) })
+		pTime += d
 		d, _ = runParallel(b, perRound, func(i int) error {
 			_, err := rr.Allow(ctx, fmt.Sprintf("key-%d", i%benchKeys), redis_rate.PerSecond(1000))
 			return err
@@ -117,11 +127,13 @@ func BenchmarkCompareRedisRate(b *testing.B) {
 		rTime += d
 	}
 	b.StopTimer()
-	q := float64(b.N*perRound) / qTime.Seconds()
-	r := float64(b.N*perRound) / rTime.Seconds()
+	n := float64(b.N * perRound)
+	q, p, r := n/qTime.Seconds(), n/pTime.Seconds(), n/rTime.Seconds()
 	b.ReportMetric(q, "quotient_decisions/s")
+	b.ReportMetric(p, "quotient_pipelined_decisions/s")
 	b.ReportMetric(r, "redis_rate_decisions/s")
 	b.ReportMetric(q/r, "ratio")
+	b.ReportMetric(p/r, "ratio_pipelined")
 	b.ReportMetric(0, "ns/op")
 }
 

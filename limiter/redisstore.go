@@ -44,6 +44,37 @@ type RedisStore struct {
 	// every wait of a call (pool, dial, read, write) ends at the context's
 	// deadline and the limiter needs no goroutine to enforce it.
 	boundedByContext bool
+	// pipe, when set, sends concurrent decisions together (automatic
+	// pipelining); see NewPipelinedRedisStore.
+	pipe *pipeliner
+}
+
+// NewPipelinedRedisStore is NewRedisStore with automatic pipelining: the
+// decisions of concurrent callers are sent together, in pipelines of up to
+// cfg.MaxBatch script calls with cfg.Workers pipelines in flight, so Redis
+// reads and answers many calls per system call. Decisions are the same as
+// without it (each script call stays atomic); under load it raises the
+// decisions per second one Redis serves, at no cost in latency at low load
+// (a lone decision is sent at once). A caller stops waiting at its
+// context's deadline. Close the store to stop its goroutines.
+func NewPipelinedRedisStore(client redis.UniversalClient, cfg PipelineConfig) (*RedisStore, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := NewRedisStore(client)
+	s.pipe = newPipeliner(client, cfg)
+	s.boundedByContext = true
+	return s, nil
+}
+
+// Close stops the pipelining goroutines of a store from
+// NewPipelinedRedisStore; decisions still waiting fail with
+// ErrStoreUnavailable. It does not close the client. A no-op for other
+// stores.
+func (s *RedisStore) Close() {
+	if s.pipe != nil {
+		s.pipe.close()
+	}
 }
 
 // NewRedisStore returns a store on client, which the caller owns and closes.
@@ -131,7 +162,13 @@ func (s *RedisStore) eval(ctx context.Context, now time.Time, subj Subject, ops 
 		}
 		args = append(args, algoCode(o), flags, o.cost, o.rate, o.burst, o.limit, o.windowMs, o.region)
 	}
-	v, err := evalScript.Run(ctx, s.client, keys, args...).Int64Slice()
+	var v []int64
+	var err error
+	if s.pipe != nil {
+		v, err = s.pipe.do(ctx, keys, args)
+	} else {
+		v, err = evalScript.Run(ctx, s.client, keys, args...).Int64Slice()
+	}
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", ErrStoreUnavailable, err)
 	}
