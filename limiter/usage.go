@@ -1,11 +1,12 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -126,18 +127,9 @@ func (u *usageCounter) putBack(counts []UsageCount, minEpoch int64) int {
 }
 
 func sortUsage(out []UsageCount) {
-	sort.Slice(out, func(i, j int) bool {
-		a, b := &out[i], &out[j]
-		if a.Epoch != b.Epoch {
-			return a.Epoch < b.Epoch
-		}
-		if a.PolicyID != b.PolicyID {
-			return a.PolicyID < b.PolicyID
-		}
-		if a.Subject.Kind != b.Subject.Kind {
-			return a.Subject.Kind < b.Subject.Kind
-		}
-		return a.Subject.Value < b.Subject.Value
+	slices.SortFunc(out, func(a, b UsageCount) int {
+		return cmp.Or(cmp.Compare(a.Epoch, b.Epoch), strings.Compare(a.PolicyID, b.PolicyID),
+			cmp.Compare(a.Subject.Kind, b.Subject.Kind), strings.Compare(a.Subject.Value, b.Subject.Value))
 	})
 }
 
@@ -298,8 +290,46 @@ func firstOf(first, err error) error {
 // subject), sorted by policy then subject. Fields it cannot parse are
 // skipped and reported in the error (wrapping ErrBadUsage) along with the
 // totals it could read. It does not delete anything: keys expire on their
-// own. Safe for concurrent use.
+// own. Safe for concurrent use. CollectUsageTotals does the same without
+// decoding subjects, for callers that only need the subject key.
 func CollectUsage(ctx context.Context, client redis.UniversalClient, epoch int64, shards int) ([]UsageCount, error) {
+	totals, err := CollectUsageTotals(ctx, client, epoch, shards)
+	if totals == nil {
+		return nil, err
+	}
+	out := make([]UsageCount, len(totals))
+	for i, t := range totals {
+		subj, _ := ParseSubjectKey(t.SubjectKey) // checked by CollectUsageTotals
+		out[i] = UsageCount{Epoch: epoch, PolicyID: t.PolicyID, Subject: subj, Demand: t.Demand, Admitted: t.Admitted}
+	}
+	sortUsage(out)
+	return out, err
+}
+
+// UsageTotal is the usage of one global policy by one subject in one
+// epoch, as CollectUsageTotals returns it: UsageCount with the subject in
+// its key form.
+type UsageTotal struct {
+	// PolicyID is the global policy counted.
+	PolicyID string
+	// SubjectKey is the subject counted, as Subject.Key (a valid key:
+	// ParseSubjectKey accepts it).
+	SubjectKey string
+	// Demand is the cost of every attempt, admitted or not, in cost units.
+	Demand int64
+	// Admitted is the cost admitted, in cost units.
+	Admitted int64
+}
+
+// CollectUsageTotals is CollectUsage without decoding subjects: the
+// totals of one epoch per (policy, subject key), sorted by policy then
+// subject key (byte order), every subject key checked as ParseSubjectKey
+// checks it. Entries of one policy share one PolicyID string. Fields it
+// cannot parse are skipped and reported in the error (wrapping
+// ErrBadUsage) along with the totals it could read; an unreachable Redis
+// is an error wrapping ErrStoreUnavailable and no totals. Safe for
+// concurrent use.
+func CollectUsageTotals(ctx context.Context, client redis.UniversalClient, epoch int64, shards int) ([]UsageTotal, error) {
 	if shards <= 0 {
 		shards = DefaultUsageShards
 	}
@@ -311,44 +341,72 @@ func CollectUsage(ctx context.Context, client redis.UniversalClient, epoch int64
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("%w: collect usage of epoch %d: %v", ErrStoreUnavailable, epoch, err)
 	}
-	type k struct {
-		policy string
-		subj   Subject
+	n := 0
+	for _, cmd := range cmds {
+		n += len(cmd.Val())
 	}
-	merged := map[k]*UsageCount{}
+	// Both fields of a (policy, subject) pair are in the same shard hash:
+	// merge per shard, on "<policy>:<subject key>" (the field after its
+	// kind), and share one string per policy id.
+	out := make([]UsageTotal, 0, n/2+1)
+	index := make(map[string]int, n/shards+1)
+	policies := map[string]string{}
 	var bad []string
 	for _, cmd := range cmds {
+		clear(index)
 		for field, val := range cmd.Val() {
 			kind, rest, ok1 := strings.Cut(field, ":")
 			policy, sk, ok2 := strings.Cut(rest, ":")
-			n, err := strconv.ParseInt(val, 10, 64)
-			subj, serr := ParseSubjectKey(sk)
-			if !ok1 || !ok2 || (kind != "d" && kind != "a") || err != nil || serr != nil {
+			v, err := strconv.ParseInt(val, 10, 64)
+			if !ok1 || !ok2 || (kind != "d" && kind != "a") || err != nil || !validSubjectKey(sk) {
 				bad = append(bad, field)
 				continue
 			}
-			u := merged[k{policy, subj}]
-			if u == nil {
-				u = &UsageCount{Epoch: epoch, PolicyID: policy, Subject: subj}
-				merged[k{policy, subj}] = u
+			i, ok := index[rest]
+			if !ok {
+				p, ok := policies[policy]
+				if !ok {
+					p = policy
+					policies[policy] = p
+				}
+				i = len(out)
+				index[rest] = i
+				out = append(out, UsageTotal{PolicyID: p, SubjectKey: sk})
 			}
 			if kind == "d" {
-				u.Demand += n
+				out[i].Demand += v
 			} else {
-				u.Admitted += n
+				out[i].Admitted += v
 			}
 		}
 	}
-	out := make([]UsageCount, 0, len(merged))
-	for _, u := range merged {
-		out = append(out, *u)
-	}
-	sortUsage(out)
+	slices.SortFunc(out, func(a, b UsageTotal) int {
+		return cmp.Or(strings.Compare(a.PolicyID, b.PolicyID), strings.Compare(a.SubjectKey, b.SubjectKey))
+	})
 	if len(bad) > 0 {
-		sort.Strings(bad)
+		slices.Sort(bad)
 		return out, fmt.Errorf("%w: epoch %d: %d unparsable fields, first %q", ErrBadUsage, epoch, len(bad), bad[0])
 	}
 	return out, nil
+}
+
+// validSubjectKey reports whether ParseSubjectKey accepts key, without
+// allocating for keys that hold no escape.
+func validSubjectKey(key string) bool {
+	prefix, val, ok := strings.Cut(key, ":")
+	if !ok {
+		return false
+	}
+	switch prefix {
+	case "k", "a", "u", "ip":
+	default:
+		return false
+	}
+	if strings.IndexByte(val, '%') < 0 {
+		return !needsEscape(val)
+	}
+	_, err := ParseSubjectKey(key)
+	return err == nil
 }
 
 // ErrBadUsage is wrapped by CollectUsage when a usage hash holds a field it

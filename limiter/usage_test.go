@@ -209,3 +209,56 @@ func TestUsageFlusherTicksEverySecond(t *testing.T) {
 		sink.mu.Unlock()
 	})
 }
+
+// TestCollectUsageTotals: totals per (policy, subject key) sorted by bytes,
+// merged over flushes and over demand-only and admitted-only writes, with
+// unparsable fields skipped and named; CollectUsage returns the same totals
+// with decoded subjects.
+func TestCollectUsageTotals(t *testing.T) {
+	client := redistest.StartServer(t).Client()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	const shards = 4
+	epoch := time.Now().UnixMilli() / 1000 // keys expire at absolute times
+	sink := NewRedisUsageSink(client, shards, time.Second, 60)
+	key := Subject{Kind: SubjectAPIKey, Value: "a b%"}
+	user := Subject{Kind: SubjectUser, Value: "u1"}
+	ip := Subject{Kind: SubjectIP, Value: "10.0.0.0/8"}
+	for range 2 {
+		failed, err := sink.WriteUsage(ctx, []UsageCount{
+			{Epoch: epoch, PolicyID: "g", Subject: user, Demand: 5, Admitted: 3},
+			{Epoch: epoch, PolicyID: "g", Subject: key, Demand: 4},
+			{Epoch: epoch, PolicyID: "h", Subject: ip, Admitted: 1},
+			{Epoch: epoch + 1, PolicyID: "g", Subject: user, Demand: 9},
+		})
+		require.NoError(t, err)
+		require.Empty(t, failed)
+	}
+	bad := []string{"x:g:k:a", "d:g", "d:g:k:a b", "d:g:z:a", "d:g:k:%4", "d:g:k:%41"}
+	for _, f := range bad {
+		require.NoError(t, client.HSet(ctx, UsageKey(epoch, 0), f, 1).Err())
+	}
+	require.NoError(t, client.HSet(ctx, UsageKey(epoch, 1), "a:g:k:ok", "x1").Err())
+	bad = append(bad, "a:g:k:ok")
+
+	got, err := CollectUsageTotals(ctx, client, epoch, shards)
+	require.ErrorIs(t, err, ErrBadUsage)
+	assert.ErrorContains(t, err, `7 unparsable fields, first "a:g:k:ok"`)
+	assert.Equal(t, []UsageTotal{
+		{PolicyID: "g", SubjectKey: "k:a%20b%25", Demand: 8},
+		{PolicyID: "g", SubjectKey: "u:u1", Demand: 10, Admitted: 6},
+		{PolicyID: "h", SubjectKey: "ip:10.0.0.0/8", Admitted: 2},
+	}, got)
+
+	counts, err := CollectUsage(ctx, client, epoch, shards)
+	require.ErrorIs(t, err, ErrBadUsage)
+	assert.Equal(t, []UsageCount{
+		{Epoch: epoch, PolicyID: "g", Subject: key, Demand: 8},
+		{Epoch: epoch, PolicyID: "g", Subject: user, Demand: 10, Admitted: 6},
+		{Epoch: epoch, PolicyID: "h", Subject: ip, Admitted: 2},
+	}, counts)
+
+	none, err := CollectUsageTotals(ctx, client, epoch+2, shards)
+	require.NoError(t, err)
+	assert.Empty(t, none)
+}

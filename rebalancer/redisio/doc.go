@@ -1,6 +1,6 @@
 // Package redisio is the rebalancer's Redis adapter: Source reads the usage
 // this region's gateways flushed (limiter.RedisUsageSink's layout, through
-// limiter.CollectUsage) as a rebalancer.UsageSource, and Sink writes this
+// limiter.CollectUsageTotals) as a rebalancer.UsageSource, and Sink writes this
 // region's share records (the layout limiter's script reads:
 // rl:{<subject key>}:<policy>:share, hash fields r and b in milli units) as a
 // rebalancer.ShareSink. Both work on a standalone Redis and on a Redis

@@ -44,13 +44,14 @@ func NewSource(client redis.UniversalClient, shards int) *Source {
 }
 
 // Usage implements rebalancer.UsageSource: the totals of epoch, one entry
-// per (policy, subject key), in the order CollectUsage returns them. An
-// unreachable Redis is an error wrapping ErrRead (nothing read). Fields
-// that do not parse are skipped, counted (BadFields) and remembered
-// (LastBadFields); the totals that did parse are returned without error,
-// since one bad field must not blank the whole region's usage.
+// per (policy, subject key), in the order CollectUsageTotals returns them
+// (by policy, then subject key). An unreachable Redis is an error wrapping
+// ErrRead (nothing read). Fields that do not parse are skipped, counted
+// (BadFields) and remembered (LastBadFields); the totals that did parse are
+// returned without error, since one bad field must not blank the whole
+// region's usage.
 func (s *Source) Usage(ctx context.Context, epoch int64) ([]rebalancer.Usage, error) {
-	counts, err := limiter.CollectUsage(ctx, s.client, epoch, s.shards)
+	totals, err := limiter.CollectUsageTotals(ctx, s.client, epoch, s.shards)
 	switch {
 	case errors.Is(err, limiter.ErrBadUsage):
 		s.bad.Add(1)
@@ -60,11 +61,11 @@ func (s *Source) Usage(ctx context.Context, epoch int64) ([]rebalancer.Usage, er
 	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrRead, err)
 	}
-	out := make([]rebalancer.Usage, len(counts))
-	for i, c := range counts {
+	out := make([]rebalancer.Usage, len(totals))
+	for i, t := range totals {
 		out[i] = rebalancer.Usage{
-			Key:    rebalancer.Key{PolicyID: c.PolicyID, Subject: c.Subject.Key()},
-			Demand: c.Demand, Admitted: c.Admitted,
+			Key:    rebalancer.Key{PolicyID: t.PolicyID, Subject: t.SubjectKey},
+			Demand: t.Demand, Admitted: t.Admitted,
 		}
 	}
 	return out, nil
