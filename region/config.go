@@ -107,6 +107,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock is the rebalancer driver's time source. Default: system clock.
 	Clock rebalancer.Clock
+	// Observer, when set, also receives what the epoch loop does, in every
+	// term this replica leads (after the coordinator's metrics; same
+	// rules: called from the loop's goroutine, must not block). Default:
+	// none.
+	Observer rebalancer.Observer
 }
 
 // DefaultConfig returns the defaults.

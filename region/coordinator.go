@@ -191,7 +191,7 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, error)
 		Clock:        c.cfg.Clock,
 		CollectDelay: c.cfg.CollectDelay,
 		Logger:       c.log,
-		Observer:     c.observer,
+		Observer:     c.loopObserver(),
 		Fence:        fenceOf{c.fence, c.name},
 	})
 	return d, adapter, err
@@ -206,6 +206,35 @@ type fenceOf struct {
 func (f fenceOf) Last(ctx context.Context) (int64, bool, error) { return f.f.Last(ctx) }
 func (f fenceOf) Claim(ctx context.Context, epoch int64) (bool, error) {
 	return f.f.Claim(ctx, epoch, f.owner)
+}
+
+// loopObserver is the metrics, and Config.Observer after them.
+func (c *Coordinator) loopObserver() rebalancer.Observer {
+	if c.cfg.Observer == nil {
+		return c.observer
+	}
+	return observers{c.observer, c.cfg.Observer}
+}
+
+// observers calls each observer in turn.
+type observers []rebalancer.Observer
+
+func (o observers) Collected(i rebalancer.CollectInfo) {
+	for _, x := range o {
+		x.Collected(i)
+	}
+}
+
+func (o observers) Decided(i rebalancer.DecideInfo) {
+	for _, x := range o {
+		x.Decided(i)
+	}
+}
+
+func (o observers) Received(i rebalancer.ReceiveInfo) {
+	for _, x := range o {
+		x.Received(i)
+	}
 }
 
 // policyChanged is the follower's callback: the catalog changed.
