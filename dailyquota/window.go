@@ -3,6 +3,8 @@ package dailyquota
 import (
 	"fmt"
 	"time"
+
+	"github.com/quotientlabs/quotient/internal/calendar"
 )
 
 // Day is the length of a UTC day. A fixed window of Day is the UTC day:
@@ -77,9 +79,10 @@ func (w Window) Contains(t time.Time) bool {
 // division. s must be valid (Validate); an invalid Spec panics.
 func (s Spec) At(t time.Time) Window {
 	if s.Month {
-		u := t.UTC()
-		start := time.Date(u.Year(), u.Month(), 1, 0, 0, 0, 0, time.UTC)
-		return Window{StartMs: start.UnixMilli(), EndMs: start.AddDate(0, 1, 0).UnixMilli()}
+		// The same integer arithmetic as the limiter's script, so the
+		// windows this package replicates are the windows it counts in.
+		start, end := calendar.MonthAt(t.UnixMilli())
+		return Window{StartMs: start, EndMs: end}
 	}
 	if err := s.Validate(); err != nil {
 		panic(err)
