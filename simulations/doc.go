@@ -75,9 +75,9 @@
 // t=0 fed the global demand second by second, or a fixed window aligned to
 // the Unix epoch) and the error per window, (admitted - ideal) / allowance.
 // A Report writes <name>.summary.json, .windows.csv, .seconds.csv and .svg
-// (gonum.org/v1/plot). A live mode can feed the same Recorder from real
-// decisions and reuse every writer; it is not built yet (it needs the
-// coordinator).
+// (gonum.org/v1/plot). The live mode (package simulations/live) feeds the
+// same Recorder from real decisions against redis-servers, a Kafka broker
+// and the region coordinators, and reuses every writer.
 //
 // Invariants: the same scenario, seed and options give the same outputs,
 // byte for byte, except summary.json's wall_s; demand and admitted are
