@@ -49,7 +49,7 @@ type gatewayConfig struct {
 	listen, upstream, redis, policies, keys, trusted, region, metricsListen string
 	policySource                                                            string // "file" or "redis"
 	timeout, reload, epoch, maxDelay, shutdown, policyInterval              time.Duration
-	instances, usageShards                                                  int
+	instances, usageShards, pipeline                                        int
 	eventSample                                                             float64
 }
 
@@ -79,6 +79,7 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 	fs.IntVar(&c.instances, "instances", 1, "gateway instances in the region (local fallbacks get rate / instances)")
 	fs.IntVar(&c.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (must match the coordinator)")
 	fs.Float64Var(&c.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
+	fs.IntVar(&c.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return nil, err
 	}
@@ -101,6 +102,8 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 		return nil, fmt.Errorf("--reload-interval must be > 0, got %v", c.reload)
 	case c.instances < 1:
 		return nil, fmt.Errorf("--instances must be >= 1, got %d", c.instances)
+	case c.pipeline < 0 || c.pipeline > 256:
+		return nil, fmt.Errorf("--redis-pipeline must be between 0 and 256, got %d", c.pipeline)
 	case c.eventSample < 0 || c.eventSample > 1:
 		return nil, fmt.Errorf("--event-sample must be in [0, 1], got %v", c.eventSample)
 	}
@@ -161,7 +164,18 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	client := newRedisClient(splitList(cfg.redis))
 	defer client.Close()
 	lcfg := limiter.DefaultConfig()
-	lcfg.Store = limiter.NewRedisStore(client)
+	if cfg.pipeline > 0 {
+		pcfg := limiter.DefaultPipelineConfig()
+		pcfg.Workers = cfg.pipeline
+		store, err := limiter.NewPipelinedRedisStore(client, pcfg)
+		if err != nil {
+			return err
+		}
+		defer store.Close()
+		lcfg.Store = store
+	} else {
+		lcfg.Store = limiter.NewRedisStore(client)
+	}
 	lcfg.Deadline = cfg.timeout
 	lcfg.Instances = cfg.instances
 	lcfg.UsageEpoch = cfg.epoch
