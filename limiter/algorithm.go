@@ -1,6 +1,10 @@
 package limiter
 
-import "math"
+import (
+	"math"
+
+	"github.com/quotientlabs/quotient/internal/calendar"
+)
 
 // This file is the reference for the algorithms: the in-memory store runs it
 // and the Lua script in script.lua mirrors it line for line, with the same
@@ -11,6 +15,12 @@ import "math"
 // Units: buckets work in microseconds and nano-tokens, with rates in
 // milli-tokens per second, which is exactly nano-tokens per microsecond;
 // windows work in milliseconds and cost units.
+//
+// Fixed windows are aligned to the Unix epoch (start = now - now mod w), or,
+// for monthly policies, are the UTC calendar months: start and end come
+// from calendar.MonthAt, whose integer days-from-civil arithmetic the script
+// repeats in doubles (exact: every value is an integer below 2^53 and every
+// division is floored), so both sides cut the same months.
 //
 // A bucket's whole state is one integer, the time (µs) at which it will be
 // full again (token bucket) or empty (leaky bucket): its deficit (tokens
@@ -34,7 +44,7 @@ type op struct {
 	rate     int64  // buckets: milli-tokens per second (default share when global)
 	burst    int64  // buckets: milli-tokens (default share when global)
 	limit    int64  // windows: cost units per window
-	windowMs int64  // windows: window length
+	windowMs int64  // windows: window length; 0 for a fixed window: the UTC calendar month
 	policy   string // policy id
 	region   string // this region's name (global fixed windows)
 }
@@ -46,6 +56,30 @@ func (o *op) tag() string {
 		return "fg"
 	}
 	return o.algo.tag()
+}
+
+// monthly reports whether o is a fixed window over UTC calendar months.
+// opFor passes WindowSec x 1000 as windowMs, which Validate leaves 0
+// exactly for monthly policies; the script receives the same 0.
+func (o *op) monthly() bool { return o.algo == FixedWindow && o.windowMs == 0 }
+
+// fixedStart is the start (ms) of o's fixed window that contains nowMs.
+func fixedStart(o *op, nowMs int64) int64 {
+	if o.monthly() {
+		start, _ := calendar.MonthAt(nowMs)
+		return start
+	}
+	return nowMs - nowMs%o.windowMs
+}
+
+// fixedEnd is the end (ms) of o's fixed window that starts at startMs: the
+// next month's start for monthly windows.
+func fixedEnd(o *op, startMs int64) int64 {
+	if o.monthly() {
+		_, end := calendar.MonthAt(startMs)
+		return end
+	}
+	return startMs + o.windowMs
 }
 
 // replicated reports whether o is a global fixed window: per-region counts
@@ -163,8 +197,7 @@ func advance(o *op, st *state, nowUs, rate, burst int64) state {
 		}
 		return state{a: base}
 	case FixedWindow:
-		nowMs := nowUs / 1000
-		start := nowMs - nowMs%o.windowMs
+		start := fixedStart(o, nowUs/1000)
 		if st == nil || start > st.a {
 			return state{a: start, capv: -1}
 		}
@@ -258,7 +291,7 @@ func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) 
 			if o.cost > o.limit {
 				res.retryMs = -1
 			} else {
-				res.retryMs = s.a + o.windowMs - now
+				res.retryMs = fixedEnd(o, s.a) - now
 			}
 		}
 	case SlidingWindowCounter:
@@ -344,7 +377,7 @@ func report(o *op, s *state, nowUs, rate, burst int64, res *result) (ttlMs int64
 		} else {
 			res.remaining = max(0, o.limit-s.b)
 		}
-		res.resetMs = s.a + o.windowMs - windowNow(o, s, nowUs)
+		res.resetMs = fixedEnd(o, s.a) - windowNow(o, s, nowUs)
 		return res.resetMs + 1000
 	case SlidingWindowCounter:
 		e := windowNow(o, s, nowUs) - s.a

@@ -9,6 +9,9 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/quotientlabs/quotient/internal/calendar"
 )
 
 // Algorithm names a rate limiting algorithm. See the package documentation.
@@ -150,7 +153,14 @@ type Policy struct {
 	Limit int64 `json:"limit,omitempty"`
 	// WindowSec is the window length in seconds; windows only. Fixed
 	// windows are aligned to the Unix epoch, so 86400 is the UTC day.
+	// Zero when Window is set.
 	WindowSec int64 `json:"window_s,omitempty"`
+	// Window names a calendar window instead of WindowSec; fixed_window
+	// only, and exactly one of Window and WindowSec. The one value is
+	// [WindowMonth]: the UTC calendar month, from the 1st at 00:00 UTC to
+	// the 1st of the next month at 00:00 UTC (28 to 31 days), for region
+	// and global scope alike.
+	Window string `json:"window,omitempty"`
 	// Cost maps "METHOD /route-glob" to the cost units of a matching
 	// request; unlisted requests cost 1. The first matching entry in
 	// lexical order of the keys wins, exact routes before globs.
@@ -188,6 +198,17 @@ const (
 	MaxWindowSec  = 366 * 86400
 	MaxCost       = 1e8
 )
+
+// WindowMonth is the Window of a fixed_window policy whose windows are the
+// UTC calendar months.
+const WindowMonth = "month"
+
+// NominalMonthSec is the length, in seconds, that stands for a
+// calendar-month window where one number must stand for every month (the
+// w parameter of RateLimit-Policy, the rate of the in-process fallback):
+// 31 days, the longest month, so limit/NominalMonthSec never overstates the
+// policy's rate.
+const NominalMonthSec = 31 * 86400
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 var methodPattern = regexp.MustCompile(`^[A-Z]{1,16}$`)
@@ -305,7 +326,7 @@ func ParsePolicy(data []byte) (*Policy, error) {
 // policyFields are the JSON names a policy document may use.
 var policyFields = map[string]bool{
 	"id": true, "version": true, "description": true, "match": true, "subject": true,
-	"algorithm": true, "rate_per_sec": true, "burst": true, "limit": true, "window_s": true,
+	"algorithm": true, "rate_per_sec": true, "burst": true, "limit": true, "window_s": true, "window": true,
 	"cost": true, "class": true, "on_store_failure": true, "mode": true, "scope": true,
 }
 
@@ -347,6 +368,8 @@ func decodePolicy(raw json.RawMessage, path string, p *problems) (*Policy, bool)
 			target = &pol.Limit
 		case "window_s":
 			target = &pol.WindowSec
+		case "window":
+			target = &pol.Window
 		case "cost":
 			target = &pol.Cost
 		case "class":
@@ -605,6 +628,9 @@ func (p *Policy) validateBucket(path string, pr *problems) {
 	if p.WindowSec != 0 {
 		pr.add(path+".window_s", "not a parameter of %s (it takes rate_per_sec and burst)", p.Algorithm)
 	}
+	if p.Window != "" {
+		pr.add(path+".window", "not a parameter of %s (it takes rate_per_sec and burst)", p.Algorithm)
+	}
 	switch {
 	case math.IsNaN(p.RatePerSec) || p.RatePerSec <= 0:
 		pr.add(path+".rate_per_sec", "must be > 0, got %v", p.RatePerSec)
@@ -644,8 +670,21 @@ func (p *Policy) validateWindow(path string, pr *problems) {
 	if p.Limit <= 0 || p.Limit > MaxLimit {
 		pr.add(path+".limit", "must be between 1 and %g, got %d", float64(MaxLimit), p.Limit)
 	}
-	if p.WindowSec <= 0 || p.WindowSec > MaxWindowSec {
-		pr.add(path+".window_s", "must be between 1 and %d seconds, got %d", MaxWindowSec, p.WindowSec)
+	switch {
+	case p.Window == "":
+		if p.WindowSec <= 0 || p.WindowSec > MaxWindowSec {
+			hint := ""
+			if p.Algorithm == FixedWindow && p.WindowSec == 0 {
+				hint = ` (or set window: "month" for the UTC calendar month)`
+			}
+			pr.add(path+".window_s", "must be between 1 and %d seconds, got %d%s", MaxWindowSec, p.WindowSec, hint)
+		}
+	case p.Algorithm != FixedWindow:
+		pr.add(path+".window", "%q: calendar windows are for fixed_window only; %s takes window_s", p.Window, p.Algorithm)
+	case p.Window != WindowMonth:
+		pr.add(path+".window", "unknown window %q (want %q; use window_s for a fixed length)", p.Window, WindowMonth)
+	case p.WindowSec != 0:
+		pr.add(path+".window_s", "set window %q or window_s, not both", p.Window)
 	}
 }
 
@@ -697,8 +736,48 @@ func (p *Policy) RateMilli() int64 { return p.rateMilli }
 // windows).
 func (p *Policy) BurstMilli() int64 { return p.burstMilli }
 
-// WindowMs is the window length in milliseconds (0 for buckets).
+// WindowMs is the window length in milliseconds: 0 for buckets, and 0 for
+// calendar-month windows, whose length varies (see [Policy.Monthly] and
+// [Policy.WindowAt]).
 func (p *Policy) WindowMs() int64 { return p.WindowSec * 1000 }
+
+// Monthly reports whether the policy's windows are UTC calendar months
+// (Window is [WindowMonth]).
+func (p *Policy) Monthly() bool { return p.Window == WindowMonth }
+
+// NominalWindowSec is the window length in seconds where one number must
+// stand for the policy's windows: WindowSec, or [NominalMonthSec] for
+// calendar months; 0 for buckets.
+func (p *Policy) NominalWindowSec() int64 {
+	if p.Monthly() {
+		return NominalMonthSec
+	}
+	return p.WindowSec
+}
+
+// WindowAt returns the fixed window that contains t, [start, end) in UTC:
+// the calendar month for monthly policies, else the window of WindowSec
+// aligned to the Unix epoch (what fixed_window counts in, and the aligned
+// windows sliding_window_counter weighs). It returns zero times for
+// buckets. Pure: it reads no clock.
+func (p *Policy) WindowAt(t time.Time) (start, end time.Time) {
+	ms := t.UnixMilli()
+	var s, e int64
+	switch {
+	case p.Monthly():
+		s, e = calendar.MonthAt(ms)
+	case p.WindowSec > 0:
+		w := p.WindowSec * 1000
+		s = ms - ms%w
+		if ms%w < 0 {
+			s -= w
+		}
+		e = s + w
+	default:
+		return time.Time{}, time.Time{}
+	}
+	return time.UnixMilli(s).UTC(), time.UnixMilli(e).UTC()
+}
 
 // Matches reports whether the policy applies to a request of this tier,
 // method and path.

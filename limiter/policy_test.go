@@ -1,9 +1,11 @@
 package limiter
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -91,6 +93,14 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"not an object", `[42]`, "policies[0]", "not a JSON object"},
 		{"malformed", `[{"id":"a",}]`, "policies", "malformed JSON"},
 		{"negative version", `[{"id":"a","version":-1,"algorithm":"token_bucket","rate_per_sec":1}]`, "policies[0].version", "must be >= 0"},
+		{"month and window_s", `[{"id":"a","algorithm":"fixed_window","limit":5,"window":"month","window_s":60}]`, "policies[0].window_s", `set window "month" or window_s, not both`},
+		{"unknown window", `[{"id":"a","algorithm":"fixed_window","limit":5,"window":"week"}]`, "policies[0].window", `unknown window "week" (want "month"`},
+		{"window in upper case", `[{"id":"a","algorithm":"fixed_window","limit":5,"window":"MONTH"}]`, "policies[0].window", `unknown window "MONTH"`},
+		{"month on a sliding window", `[{"id":"a","algorithm":"sliding_window_counter","limit":5,"window":"month"}]`, "policies[0].window", "fixed_window only"},
+		{"month on a bucket", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1,"window":"month"}]`, "policies[0].window", "not a parameter of token_bucket"},
+		{"window of the wrong type", `[{"id":"a","algorithm":"fixed_window","limit":5,"window":30}]`, "policies[0].window", "wrong type"},
+		{"fixed window without either", `[{"id":"a","algorithm":"fixed_window","limit":5}]`, "policies[0].window_s", `or set window: "month"`},
+		{"month without limit", `[{"id":"a","algorithm":"fixed_window","window":"month","scope":"global"}]`, "policies[0].limit", "between 1 and"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -108,6 +118,46 @@ func TestParseErrorsNameTheField(t *testing.T) {
 			assert.True(t, found, "want %s: ...%s..., got %v", c.path, c.msg, err)
 		})
 	}
+}
+
+func TestParseMonthWindow(t *testing.T) {
+	ps, err := ParsePolicies([]byte(`[
+		{"id":"m","algorithm":"fixed_window","limit":10000,"window":"month"},
+		{"id":"g","algorithm":"fixed_window","limit":500,"window":"month","scope":"global"}
+	]`))
+	require.NoError(t, err)
+	for _, p := range ps {
+		assert.True(t, p.Monthly(), p.ID)
+		assert.Equal(t, int64(0), p.WindowSec, p.ID)
+		assert.Equal(t, int64(0), p.WindowMs(), "a month has no one length")
+		assert.Equal(t, int64(31*86400), p.NominalWindowSec())
+	}
+	assert.Equal(t, ScopeGlobal, ps[1].Scope)
+	start, end := ps[0].WindowAt(time.Date(2028, 2, 29, 23, 59, 59, 0, time.FixedZone("x", 3600)))
+	assert.Equal(t, time.Date(2028, 2, 1, 0, 0, 0, 0, time.UTC), start)
+	assert.Equal(t, time.Date(2028, 3, 1, 0, 0, 0, 0, time.UTC), end)
+
+	// The field survives a round trip through JSON (the policy log stores
+	// policies as JSON).
+	doc, err := json.Marshal(ps[1])
+	require.NoError(t, err)
+	assert.Contains(t, string(doc), `"window":"month"`)
+	assert.NotContains(t, string(doc), `window_s`)
+	back, err := ParsePolicy(doc)
+	require.NoError(t, err)
+	assert.True(t, back.Monthly())
+
+	// Fixed lengths are unchanged: aligned to the epoch.
+	day := mustPolicy(t, `{"id":"d","algorithm":"fixed_window","limit":5,"window_s":86400}`)
+	assert.False(t, day.Monthly())
+	assert.Equal(t, int64(86400), day.NominalWindowSec())
+	start, end = day.WindowAt(time.Date(2026, 12, 31, 23, 0, 0, 0, time.UTC))
+	assert.Equal(t, time.Date(2026, 12, 31, 0, 0, 0, 0, time.UTC), start)
+	assert.Equal(t, time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC), end)
+	bucket := mustPolicy(t, `{"id":"b","algorithm":"token_bucket","rate_per_sec":1}`)
+	start, _ = bucket.WindowAt(time.Now())
+	assert.True(t, start.IsZero())
+	assert.Equal(t, int64(0), bucket.NominalWindowSec())
 }
 
 func TestParseReportsEveryProblem(t *testing.T) {

@@ -9,8 +9,8 @@
 -- ARGV[2]: number of ops; then 8 values per op:
 --   algo (1 token, 2 leaky, 3 fixed, 4 sliding log, 5 sliding counter,
 --   6 fixed replicated across regions), flags (1 enforce, 2 global), cost,
---   rate (milli-tokens/s), burst (milli-tokens), limit, window (ms), and this
---   region's name (algo 6).
+--   rate (milli-tokens/s), burst (milli-tokens), limit, window (ms; 0 for
+--   algo 3 and 6: the UTC calendar month), and this region's name (algo 6).
 -- Returns {allowed, then per op: admit, remaining, reset_ms, retry_ms, delay_ms}.
 local nowus
 if ARGV[1] ~= '' then
@@ -25,10 +25,50 @@ local NANO = 1000000000
 local NANO_PER_MILLI = 1000000
 local n = tonumber(ARGV[2])
 
+-- month(ms): the UTC calendar month containing ms, as start, end (ms).
+-- internal/calendar/month.go (MonthAt) in doubles: every value is an
+-- integer below 2^53 and every division is floored, so both are exact.
+local DAY = 86400000
+local function month(ms)
+  local days = floor(ms / DAY)
+  local z = days + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
+  local d = doy - floor((153 * mp + 2) / 5) + 1
+  local m = mp + 3
+  if mp >= 10 then m = mp - 9 end
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  local len = 31
+  if m == 2 then
+    if y % 4 == 0 and (y % 100 ~= 0 or y % 400 == 0) then len = 29 else len = 28 end
+  elseif m == 4 or m == 6 or m == 9 or m == 11 then
+    len = 30
+  end
+  local start = days - d + 1
+  return start * DAY, (start + len) * DAY
+end
+-- fixedstart(now, win): the start of the fixed window containing now;
+-- fixedend(a, win): the end of the fixed window starting at a.
+local function fixedstart(t, win)
+  if win == 0 then return (month(t)) end
+  return t - t % win
+end
+local function fixedend(a, win)
+  if win == 0 then
+    local _, e = month(a)
+    return e
+  end
+  return a + win
+end
+
 -- Per-op arrays: parameters, state (A, B, C), decision, extras.
 local ALGO, ENF, COST, RATE, BURST, LIMIT, WIN, KEY = {}, {}, {}, {}, {}, {}, {}, {}
 local A, B, C, ADMIT, RETRY, DELAY = {}, {}, {}, {}, {}, {}
-local LOG, TRIM, REGION, COUNTS, CAP, ROLLED = {}, {}, {}, {}, {}, {}
+local LOG, TRIM, REGION, COUNTS, CAP, ROLLED, WEND = {}, {}, {}, {}, {}, {}, {}
 local ki = 1
 local allowed = 1
 
@@ -76,7 +116,7 @@ for i = 1, n do
       end
     end
   elseif algo == 3 then
-    local start = now - now % win
+    local start = fixedstart(now, win)
     local v = call('GET', key)
     if v then
       local p = string.find(v, ':', 1, true)
@@ -85,12 +125,13 @@ for i = 1, n do
     if not v or start > a then a, b = start, 0 end
     local t = now
     if a > t then t = a end
+    WEND[i] = fixedend(a, win)
     admit = b + cost <= limit
     if not admit then
-      if cost > limit then retry = -1 else retry = a + win - t end
+      if cost > limit then retry = -1 else retry = WEND[i] - t end
     end
   elseif algo == 6 then
-    local start = now - now % win
+    local start = fixedstart(now, win)
     local raw = call('HGETALL', key)
     local w, cap, counts = nil, -1, {}
     for j = 1, #raw, 2 do
@@ -117,9 +158,10 @@ for i = 1, n do
     REGION[i], CAP[i] = region, cap
     local t = now
     if a > t then t = a end
+    WEND[i] = fixedend(a, win)
     admit = b + cost <= limit and (cap < 0 or c + cost <= cap)
     if not admit then
-      if cost > limit then retry = -1 else retry = a + win - t end
+      if cost > limit then retry = -1 else retry = WEND[i] - t end
     end
   elseif algo == 5 then
     local start = now - now % win
@@ -215,7 +257,7 @@ for i = 1, n do
     if a > t then t = a end
     remaining = limit - b
     if remaining < 0 then remaining = 0 end
-    reset = a + win - t
+    reset = WEND[i] - t
     if write then call('SET', key, string.format('%d:%d', a, b), 'PX', reset + 1000) end
   elseif algo == 6 then
     if write then
@@ -232,7 +274,7 @@ for i = 1, n do
       if r < 0 then r = 0 end
       if r < remaining then remaining = r end
     end
-    reset = a + win - t
+    reset = WEND[i] - t
     if write then
       if ROLLED[i] then call('DEL', key) end
       call('HSET', key, 'w', a, 'n:' .. REGION[i], c)

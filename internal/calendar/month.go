@@ -17,7 +17,7 @@ func floorDiv(a, b int64) int64 {
 func Civil(days int64) (year, month, day int64) {
 	z := days + 719_468 // days since 0000-03-01
 	era := floorDiv(z, 146_097)
-	doe := z - era*146_097                                   // day of the 400-year era, 0..146096
+	doe := z - era*146_097                                    // day of the 400-year era, 0..146096
 	yoe := (doe - doe/1_460 + doe/36_524 - doe/146_096) / 365 // year of the era, 0..399
 	doy := doe - (365*yoe + yoe/4 - yoe/100)                  // day of the year from March 1st, 0..365
 	mp := (5*doy + 2) / 153                                   // month from March, 0..11
