@@ -19,7 +19,10 @@
 //     (shaping). An admitted request carries the delay to wait before it is
 //     forwarded: the time for the work queued ahead of it to drain.
 //   - fixed_window: at most limit cost units per window of window_s seconds,
-//     aligned to the Unix epoch, so 86400 is the UTC day.
+//     aligned to the Unix epoch, so 86400 is the UTC day; or, with window
+//     "month" instead of window_s, per UTC calendar month (the 1st at 00:00
+//     UTC to the 1st of the next month, 28 to 31 days). Retry and reset run
+//     to the window's end: for a month, until the next month starts.
 //   - sliding_window_log: exact; at most limit cost units in any window of
 //     window_s seconds ending now. Memory and time are O(limit), so keep it for
 //     low limits such as logins.
@@ -35,7 +38,9 @@
 // milliseconds. Divisions happen only where a time is derived (the cost of
 // an admission in µs, rounded up; retry-after; reset), in IEEE double
 // arithmetic in the same order in Lua and Go, so both stores give
-// bit-identical answers. The bounds this imposes (rate at most 1e9/s, burst
+// bit-identical answers. Calendar months are cut with integer
+// days-from-civil arithmetic (internal/calendar), which the script repeats
+// in doubles, exactly. The bounds this imposes (rate at most 1e9/s, burst
 // at most 1e6, window limits at most 1e12) are checked when policies are
 // parsed.
 //
@@ -93,7 +98,8 @@
 // one cluster slot. Subjects are escaped (see [Subject.Key]) so no byte
 // string can break a key, move it to another slot, or collide with another
 // subject. Every key has a TTL: a bucket lives until it would be full again
-// plus one second, a window until it ends plus one second, so an expired key
+// plus one second, a window until it ends (a month: until the next month
+// starts) plus one second, so an expired key
 // and a live one always decide alike. A token bucket takes 104 bytes of
 // Redis memory with a 32-character API key (MEMORY USAGE, Redis 7.0).
 package limiter

@@ -18,7 +18,8 @@ import (
 //   - closed: no limiter; the policy rejects.
 //
 // Window policies use the equivalent bucket: rate limit/window_s per
-// second and burst limit (what the window admits at once). Leaky buckets
+// second (limit per 31 days for calendar months) and burst limit (what the
+// window admits at once). Leaky buckets
 // fall back to a token bucket of the same rate and burst: no shaping delay
 // while the store is down. Global bucket policies use the region's default
 // share (rate and burst / Regions).
@@ -55,7 +56,9 @@ func (f *fallback) params(p *Policy) (float64, int) {
 			r, b = r/f.regions, b/f.regions
 		}
 	} else {
-		r, b = float64(p.Limit)/float64(p.WindowSec), float64(p.Limit)
+		// Calendar months count as 31 days (NominalWindowSec): the rate
+		// is never overstated.
+		r, b = float64(p.Limit)/float64(p.NominalWindowSec()), float64(p.Limit)
 	}
 	switch p.OnStoreFailure {
 	case FailLocal:

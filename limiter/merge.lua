@@ -1,7 +1,8 @@
 -- Quotient: merge into a replicated fixed window (see replicated.go).
 -- KEYS[1]: rl:{<subject>}:<policy>:fg
 -- ARGV: what ('n' a region's count, 'cap' this region's cap), window start
--- (Unix ms), window length (ms), region, value.
+-- (Unix ms), window length (ms: the window's own, so a calendar month's
+-- length for monthly policies; it only sets the expiry), region, value.
 local ws, win, v = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local w = redis.call('HGET', KEYS[1], 'w')
 if w then w = tonumber(w) end

@@ -216,3 +216,18 @@ func TestMonthWindowReplicated(t *testing.T) {
 		assert.Equal(t, time.Duration(feb+(28+31)*dayMs+1000)*time.Millisecond, exp)
 	})
 }
+
+// TestMonthWindowFallback: while the store is down, a monthly window falls
+// back to the bucket of limit per 31 days (never a faster rate) and burst
+// limit, scaled by the failure mode like any window.
+func TestMonthWindowFallback(t *testing.T) {
+	p := mustPolicy(t, `{"id":"m","algorithm":"fixed_window","limit":2678400,"window":"month"}`)
+	f := newFallback(10, 2, 4, 1)
+	r, b := f.params(p)
+	assert.InDelta(t, 2.0, r, 1e-12, "2 x 2678400 per 31 days")
+	assert.Equal(t, 2*2678400, b)
+	local := mustPolicy(t, `{"id":"m","algorithm":"fixed_window","limit":2678400,"window":"month","on_store_failure":"local"}`)
+	r, b = f.params(local)
+	assert.InDelta(t, 0.25, r, 1e-12, "per 31 days, over 4 instances")
+	assert.Equal(t, 2678400/4, b)
+}

@@ -26,6 +26,18 @@ import (
 // the largest count seen for the current window (a grow-only counter per
 // region), so replication is idempotent, order-independent and replay-safe.
 // A count for an older window is dropped; one for a newer window starts it.
+//
+// Windows are those of the policy: window_s aligned to the Unix epoch, or
+// UTC calendar months (Policy.WindowAt gives both). A merge names its
+// window by start and length, and the length is the window's own: for a
+// monthly policy that month's length (28 to 31 days in ms), which only sets
+// the key's expiry. Windows compare by start, so months merge and roll over
+// exactly like fixed lengths. Changing the window of a policy (its length,
+// or to or from months) under the same id mixes two shapes of window in one
+// hash: this region keeps counting in the stored window until a window of
+// the new shape starts after it, and a count of the new shape that starts
+// before the stored window is dropped as older. Give a new window a new
+// policy id.
 
 //go:embed merge.lua
 var mergeSource string
@@ -43,8 +55,9 @@ type WindowCounts struct {
 }
 
 // MergeWindowCount records that region had admitted count cost units in
-// the window starting at windowStartMs (length windowMs) of a global fixed
-// window policy for subject: the stored count becomes the larger of the two.
+// the window starting at windowStartMs (length windowMs, the window's own:
+// for monthly policies that month's length) of a global fixed window
+// policy for subject: the stored count becomes the larger of the two.
 // A count for a window older than the stored one is ignored; a newer window
 // replaces the stored one. The key expires one second after the window
 // ends, by Redis time. Applying the same count twice, or counts in any

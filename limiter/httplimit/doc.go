@@ -15,7 +15,8 @@
 //
 //	  - q is the policy's quota in cost units: burst for token and leaky
 //	    buckets, limit for windows (the global value for global policies);
-//	  - w is the window in seconds: window_s for windows, and for buckets the
+//	  - w is the window in seconds: window_s for windows, 2678400 (31 days,
+//	    the longest month) for calendar-month windows, and for buckets the
 //	    time to refill a whole burst, ceil(burst / rate_per_sec), at least 1;
 //	  - r is the remaining quota in cost units after this request;
 //	  - t is, on an allowed response, the seconds until the quota is whole

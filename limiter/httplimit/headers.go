@@ -37,10 +37,11 @@ func ceilSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// windowSeconds is the w parameter of p.
+// windowSeconds is the w parameter of p: window_s for windows, 31 days
+// (limiter.NominalMonthSec) for calendar months.
 func windowSeconds(p *limiter.Policy) int64 {
-	if w := p.WindowMs(); w > 0 {
-		return w / 1000
+	if w := p.NominalWindowSec(); w > 0 {
+		return w
 	}
 	if p.RateMilli() <= 0 {
 		return 1

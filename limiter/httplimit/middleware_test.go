@@ -256,3 +256,16 @@ func BenchmarkMiddleware(b *testing.B) {
 	}
 	require.NotEmpty(b, w.Header().Get(HeaderRateLimit))
 }
+
+// TestMonthlyPolicyFields: a calendar-month window is advertised with w =
+// 31 days, and its reset runs until the next month starts.
+func TestMonthlyPolicyFields(t *testing.T) {
+	clock := &fixedClock{t: time.Date(2028, 2, 29, 12, 0, 0, 0, time.UTC)}
+	l := newLimiter(t, limiter.Config{Clock: clock}, `[{"id":"monthly","algorithm":"fixed_window","limit":50000,"window":"month"}]`)
+	h := Middleware(l, WithIdentity(APIKeyIdentity(keyLookup, nil)))(okHandler())
+	w := serve(h, "GET", "/v1/orders", map[string]string{"X-API-Key": "good-key"})
+	require.Equal(t, http.StatusOK, w.Code)
+	assert.Equal(t, map[string]map[string]int64{"monthly": {"q": 50000, "w": 31 * 86400}}, parsedList(t, w.Header(), HeaderRateLimitPolicy))
+	assert.Equal(t, map[string]map[string]int64{"monthly": {"r": 49999, "t": 12 * 3600}}, parsedList(t, w.Header(), HeaderRateLimit),
+		"leap-year February ends at midnight")
+}
