@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/quotientlabs/quotient/shares"
@@ -41,6 +42,15 @@ type Core struct {
 	remote []remote // by region index; remote[self] unused
 	stats  Stats
 	in     []shares.RegionInput // scratch, one per region
+
+	// Lookup caches (performance only; see find and limit).
+	stored int64 // stored reports so far: the last one's id
+	passes int64 // indexing passes so far (see index)
+	lcOn   bool  // lcID, lcLim, lcRes hold the last limit lookup of this call
+	lcID   string
+	lcLim  shares.Limit
+	lcRes  uint8 // 0 found and valid, 1 unknown, 2 invalid
+	lookup bool  // find ignores the hints (tests compare both ways)
 }
 
 // keyState is this region's state for one key.
@@ -54,6 +64,14 @@ type keyState struct {
 	record           bool         // a record (not the default) is written
 	writtenAt        int64        // epoch of the decision that last wrote it
 	short            bool         // the record is above the default (short lifetime)
+	born             int64        // Core.passes when the state was created
+	at               []at         // by region index: where the key is in a stored report
+}
+
+// at says that a key is line j of the stored report with id.
+type at struct {
+	id int64
+	j  int32
 }
 
 // remote is what this region holds from another region.
@@ -62,13 +80,18 @@ type remote struct {
 	heard     bool              // any report received
 	last      int64             // highest epoch received
 	heardSelf int64             // heard[self] in report last; -1 when absent
+	indexed   int64             // id of the region's report indexed last (0: none)
+	indexedAt int64             // Core.passes after that indexing pass
 }
 
-// stored is one received report, indexed by key.
+// stored is one received report. Its keys are found through the key
+// states' at hints, or by binary search when sorted, or through index.
 type stored struct {
-	seq   int64
-	keys  []KeyReport
-	index map[Key]int32
+	id     int64 // Core.stored when it was stored, > 0
+	seq    int64
+	keys   []KeyReport
+	index  map[Key]int32 // nil when keys are sorted (the senders' form)
+	sorted bool
 }
 
 // Stats are cumulative counters of a Core, for metrics.
@@ -222,6 +245,8 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 	}
 	var out Published
 	out.Epoch = m
+	c.lcOn = false
+	defer func() { c.lcOn = false }()
 	if c.pending {
 		d := c.decide(now, true)
 		out.Late = &d
@@ -335,7 +360,8 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 		c.stats.Conflicts++
 		return Conflict, nil
 	}
-	index := make(map[Key]int32, len(r.Keys))
+	var index map[Key]int32 // only for reports whose keys are not sorted
+	sorted := true
 	for i := range r.Keys {
 		k := &r.Keys[i]
 		switch {
@@ -348,16 +374,31 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 		case k.Want.RateMilli < 0 || k.Want.BurstMilli < 0:
 			return 0, fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Want", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
 		}
-		if _, dup := index[k.Key]; dup {
-			return 0, fmt.Errorf("%w: region %s epoch %d: key %s/%s twice", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+		if sorted && i > 0 {
+			switch c := compareKeys(r.Keys[i-1].Key, k.Key); {
+			case c == 0:
+				return 0, fmt.Errorf("%w: region %s epoch %d: key %s/%s twice", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+			case c > 0:
+				sorted = false
+				index = make(map[Key]int32, len(r.Keys))
+				for j := range r.Keys[:i] {
+					index[r.Keys[j].Key] = int32(j)
+				}
+			}
 		}
-		index[k.Key] = int32(i)
+		if !sorted {
+			if _, dup := index[k.Key]; dup {
+				return 0, fmt.Errorf("%w: region %s epoch %d: key %s/%s twice", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+			}
+			index[k.Key] = int32(i)
+		}
 	}
 	if c.started && r.Epoch <= c.decided && q.heard && r.Epoch < q.last {
 		c.stats.Stale++
 		return Stale, nil
 	}
-	q.reports[r.Epoch] = &stored{seq: r.Seq, keys: r.Keys, index: index}
+	c.stored++
+	q.reports[r.Epoch] = &stored{id: c.stored, seq: r.Seq, keys: r.Keys, index: index, sorted: sorted}
 	if !q.heard || r.Epoch > q.last {
 		q.heard, q.last, q.heardSelf = true, r.Epoch, -1
 		for _, h := range r.Heard {
@@ -424,6 +465,8 @@ func (c *Core) cutOff(m int64) bool {
 }
 
 func (c *Core) decide(now time.Time, late bool) Decision {
+	c.lcOn = false
+	defer func() { c.lcOn = false }()
 	m := c.published
 	complete, silentIdx := c.view(m)
 	warm := m < c.firstEpoch+c.cfg.WarmupEpochs
@@ -442,7 +485,8 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		d.Silent = append(d.Silent, c.regions[i])
 	}
 	// Keys that other regions reported for this epoch (or last, for a
-	// region missing from the view) and this region has no state for.
+	// region missing from the view) and this region has no state for;
+	// index the reports on the way.
 	for i := range c.regions {
 		if i == c.self {
 			continue
@@ -453,14 +497,18 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		}
 		for j := range s.keys {
 			k := s.keys[j].Key
-			if _, ok := c.keys[k]; ok {
-				continue
+			st, ok := c.keys[k]
+			if !ok {
+				if _, ok := c.limit(k.PolicyID); !ok {
+					continue
+				}
+				st = c.newKey(m)
+				c.keys[k] = st
 			}
-			if _, ok := c.limit(k.PolicyID); !ok {
-				continue
-			}
-			c.keys[k] = c.newKey(m)
+			st.at[i] = at{id: s.id, j: int32(j)}
 		}
+		c.passes++
+		c.remote[i].indexed, c.remote[i].indexedAt = s.id, c.passes
 	}
 	k := c.cfg.SilenceEpochs
 	for key, st := range c.keys {
@@ -581,7 +629,7 @@ func (c *Core) inputs(key Key, st *keyState, lim shares.Limit, m int64, latest b
 			in[i] = shares.RegionInput{Silent: true}
 			continue
 		}
-		if j, ok := s.index[key]; ok {
+		if j := c.find(i, s, key, st); j >= 0 {
 			kr := &s.keys[j]
 			in[i] = shares.RegionInput{DemandMilli: kr.SmoothedDemandMilli, Claim: clamp(kr.Share, lim), Want: clamp(kr.Want, lim)}
 		} else {
@@ -591,6 +639,38 @@ func (c *Core) inputs(key Key, st *keyState, lim shares.Limit, m int64, latest b
 	return in
 }
 
+// find returns the line of key (whose state is st) in s, region i's
+// stored report, or -1 when s does not mention it: from st's hint, when
+// s is the region's report indexed last and st is older than that pass
+// (every key of s then got a hint), or by lookup.
+func (c *Core) find(i int, s *stored, key Key, st *keyState) int32 {
+	if h := st.at[i]; h.id == s.id && !c.lookup {
+		return h.j
+	}
+	if q := &c.remote[i]; q.indexed == s.id && st.born < q.indexedAt && !c.lookup {
+		return -1
+	}
+	if !s.sorted {
+		if j, ok := s.index[key]; ok {
+			return j
+		}
+		return -1
+	}
+	j, ok := slices.BinarySearchFunc(s.keys, key, func(kr KeyReport, k Key) int { return compareKeys(kr.Key, k) })
+	if !ok {
+		return -1
+	}
+	return int32(j)
+}
+
+// compareKeys orders keys by PolicyID, then Subject (a Report's order).
+func compareKeys(a, b Key) int {
+	if a.PolicyID != b.PolicyID {
+		return strings.Compare(a.PolicyID, b.PolicyID)
+	}
+	return strings.Compare(a.Subject, b.Subject)
+}
+
 // clamp bounds a share to the limit: a claim above the limit (the limit
 // was lowered) counts as the limit, which leaves no slack.
 func clamp(s shares.Share, lim shares.Limit) shares.Share {
@@ -598,25 +678,37 @@ func clamp(s shares.Share, lim shares.Limit) shares.Share {
 }
 
 // limit looks up a policy and checks it fits this deployment, counting
-// misses.
+// misses. Within one Collect or decision (lcOn), the last policy's answer
+// is reused: keys come in runs of one policy.
 func (c *Core) limit(policyID string) (shares.Limit, bool) {
-	lim, ok := c.policies.Limit(policyID)
-	if !ok {
+	if !c.lcOn || policyID != c.lcID {
+		c.lcOn, c.lcID, c.lcLim, c.lcRes = true, policyID, shares.Limit{}, 0
+		lim, ok := c.policies.Limit(policyID)
+		switch {
+		case !ok:
+			c.lcRes = 1
+		case lim.Validate() != nil || lim.Regions != len(c.regions):
+			c.lcRes = 2
+		default:
+			c.lcLim = lim
+		}
+	}
+	switch c.lcRes {
+	case 1:
 		c.stats.UnknownPolicy++
 		return shares.Limit{}, false
-	}
-	if lim.Validate() != nil || lim.Regions != len(c.regions) {
+	case 2:
 		c.stats.InvalidPolicy++
 		return shares.Limit{}, false
 	}
-	return lim, true
+	return c.lcLim, true
 }
 
 // newKey returns the state of a key first seen at epoch m. A record a
 // previous coordinator wrote may exist until IdleTTLEpochs after this Core
 // started; until then the first decision writes the key even if unchanged.
 func (c *Core) newKey(m int64) *keyState {
-	return &keyState{synced: c.started && m >= c.firstEpoch+c.cfg.IdleTTLEpochs}
+	return &keyState{synced: c.started && m >= c.firstEpoch+c.cfg.IdleTTLEpochs, born: c.passes, at: make([]at, len(c.regions))}
 }
 
 func satAdd(a, b int64) int64 {

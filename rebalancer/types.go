@@ -85,7 +85,8 @@ type Update struct {
 }
 
 // Policies gives the global limit of a policy. It must not block; the Core
-// calls it once per key and epoch.
+// calls it at most once per key and epoch (within one Collect or decision
+// it reuses the last answer for the next key of the same policy).
 type Policies interface {
 	// Limit returns the policy's limit (rate, burst, regions count) and
 	// whether the policy is known.
