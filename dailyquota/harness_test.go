@@ -122,7 +122,11 @@ func newHarness(t *testing.T, start time.Time, names []string, policy string, la
 	pol, err := limiter.ParsePolicy([]byte(policy))
 	require.NoError(t, err)
 	h := &harness{t: t, now: start, latency: latency, pol: pol, cut: make([]bool, len(names))}
-	pols := []dailyquota.Policy{{ID: pol.ID, Limit: pol.Limit, Window: dailyquota.Fixed(time.Duration(pol.WindowSec) * time.Second)}}
+	spec := dailyquota.Fixed(time.Duration(pol.WindowSec) * time.Second)
+	if pol.Monthly() {
+		spec = dailyquota.Month()
+	}
+	pols := []dailyquota.Policy{{ID: pol.ID, Limit: pol.Limit, Window: spec}}
 	for i, n := range names {
 		ms := limiter.NewMemoryStore()
 		lim, err := limiter.New(limiter.Config{Store: ms, Region: n, Regions: len(names)}, []*limiter.Policy{pol})

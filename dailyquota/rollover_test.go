@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quotientlabs/quotient/dailyquota"
 )
 
 // TestRolloverAtUTCMidnight runs two regions across a UTC midnight with
@@ -69,5 +71,55 @@ func TestRolloverAtUTCMidnight(t *testing.T) {
 		require.True(t, h.admit(1, 1))
 	}
 	require.False(t, h.admit(1, 1))
+	assert.Zero(t, h.regions[1].driver.Stats().Invalid)
+}
+
+// TestRolloverAtMonthEnd runs two regions on a monthly global quota across
+// the end of a leap-year February with injected time: February's counts
+// replicate with February's length (29 days), March starts once in both
+// regions, a late count of February is dropped, and a clock stepped back
+// into February neither reopens it nor mints quota.
+func TestRolloverAtMonthEnd(t *testing.T) {
+	march := time.Date(2028, 3, 1, 0, 0, 0, 0, time.UTC)
+	feb := time.Date(2028, 2, 1, 0, 0, 0, 0, time.UTC)
+	h := newHarness(t, march.Add(-3*time.Second), []string{"a", "b"},
+		`{"id":"month","algorithm":"fixed_window","limit":10,"window":"month","scope":"global"}`, 200*time.Millisecond, false)
+	step := func(d time.Duration) { h.now = h.now.Add(d); h.deliver() }
+
+	// 2028-02-29 23:59:57: a spends 6, b 4, the whole month; replicated.
+	for range 6 {
+		require.True(t, h.admit(0, 1))
+	}
+	for range 4 {
+		require.True(t, h.admit(1, 1))
+	}
+	h.pass()
+	step(time.Second)
+	assert.Equal(t, map[string]int64{"a": 6, "b": 4}, h.counts(0))
+	assert.Equal(t, map[string]int64{"a": 6, "b": 4}, h.counts(1))
+	require.False(t, h.admit(0, 1), "February is spent")
+	wb := h.regions[1].store.WindowCounts(h.now, testSubject, "month")
+	assert.Equal(t, feb.UnixMilli(), wb.StartMs)
+
+	// 00:00:00.5 on March 1st: a new month in both regions.
+	step(2*time.Second + 500*time.Millisecond)
+	require.True(t, h.admit(0, 3), "a new month")
+	h.pass()
+	step(time.Second)
+	wb = h.regions[1].store.WindowCounts(h.now, testSubject, "month")
+	assert.Equal(t, march.UnixMilli(), wb.StartMs)
+	assert.Equal(t, map[string]int64{"a": 3}, wb.Counts, "b rolled to March on a's count")
+
+	// A late count of February (29 days long) is dropped; b's clock steps
+	// back into February and still spends March's quota.
+	h.regions[1].driver.Deliver(dailyquota.Count{Key: dailyquota.Key{Subject: testSubject.Key(), Policy: "month", StartMs: feb.UnixMilli(), Region: "a"}, WindowMs: 29 * 86_400_000, N: 9, UpdatedMs: feb.UnixMilli()})
+	assert.Equal(t, map[string]int64{"a": 3}, h.counts(1))
+	h.now = march.Add(-time.Second)
+	for range 7 {
+		require.True(t, h.admit(1, 1))
+	}
+	require.False(t, h.admit(1, 1), "only 7 left in March whatever the clocks did")
+	assert.Equal(t, march.UnixMilli(), h.regions[1].store.WindowCounts(h.now, testSubject, "month").StartMs)
+	assert.Zero(t, h.regions[0].driver.Stats().Invalid)
 	assert.Zero(t, h.regions[1].driver.Stats().Invalid)
 }

@@ -185,12 +185,16 @@ func (a *Active) Active(ctx context.Context, now time.Time) ([]dailyquota.Policy
 
 // Policies returns the replicated window policies among ps: fixed_window
 // with scope global, as dailyquota.Policy (window_s seconds aligned to the
-// Unix epoch).
+// Unix epoch, or UTC calendar months for window "month").
 func Policies(ps []*limiter.Policy) []dailyquota.Policy {
 	var out []dailyquota.Policy
 	for _, p := range ps {
 		if p.Algorithm == limiter.FixedWindow && p.Scope == limiter.ScopeGlobal {
-			out = append(out, dailyquota.Policy{ID: p.ID, Limit: p.Limit, Window: dailyquota.Fixed(time.Duration(p.WindowSec) * time.Second)})
+			w := dailyquota.Fixed(time.Duration(p.WindowSec) * time.Second)
+			if p.Monthly() {
+				w = dailyquota.Month()
+			}
+			out = append(out, dailyquota.Policy{ID: p.ID, Limit: p.Limit, Window: w})
 		}
 	}
 	return out
