@@ -19,7 +19,7 @@ locals {
     replicas_per_node_group = 1
   }
 
-  # Two tasks: a leader and a standby.
+  # Two tasks: a leader and a standby, one memberlist cluster per region.
   coordinator = {
     desired_count = 2
     cpu           = 1024
@@ -72,6 +72,7 @@ module "region_us_east_1" {
   subnet_ids                    = var.networks["us-east-1"].subnet_ids
   gateway_security_group_ids    = var.networks["us-east-1"].gateway_security_group_ids
   monitoring_security_group_ids = var.networks["us-east-1"].monitoring_security_group_ids
+  admin_security_group_ids      = var.networks["us-east-1"].admin_security_group_ids
 
   redis_node_type               = local.redis.node_type
   redis_num_node_groups         = local.redis.num_node_groups
@@ -84,6 +85,8 @@ module "region_us_east_1" {
   epoch_seconds             = local.epoch_seconds
 
   kafka_bootstrap_brokers = module.kafka_us_east_1.bootstrap_brokers_tls_list
+
+  admin_tokens_secret_arn = var.admin_tokens_secret_arns["us-east-1"]
 }
 
 # ---------------------------------------------------------------- eu-west-1
@@ -124,6 +127,7 @@ module "region_eu_west_1" {
   subnet_ids                    = var.networks["eu-west-1"].subnet_ids
   gateway_security_group_ids    = var.networks["eu-west-1"].gateway_security_group_ids
   monitoring_security_group_ids = var.networks["eu-west-1"].monitoring_security_group_ids
+  admin_security_group_ids      = var.networks["eu-west-1"].admin_security_group_ids
 
   redis_node_type               = local.redis.node_type
   redis_num_node_groups         = local.redis.num_node_groups
@@ -136,6 +140,8 @@ module "region_eu_west_1" {
   epoch_seconds             = local.epoch_seconds
 
   kafka_bootstrap_brokers = module.kafka_eu_west_1.bootstrap_brokers_tls_list
+
+  admin_tokens_secret_arn = var.admin_tokens_secret_arns["eu-west-1"]
 }
 
 # ---------------------------------------------------------------- ap-south-1
@@ -176,6 +182,7 @@ module "region_ap_south_1" {
   subnet_ids                    = var.networks["ap-south-1"].subnet_ids
   gateway_security_group_ids    = var.networks["ap-south-1"].gateway_security_group_ids
   monitoring_security_group_ids = var.networks["ap-south-1"].monitoring_security_group_ids
+  admin_security_group_ids      = var.networks["ap-south-1"].admin_security_group_ids
 
   redis_node_type               = local.redis.node_type
   redis_num_node_groups         = local.redis.num_node_groups
@@ -188,4 +195,6 @@ module "region_ap_south_1" {
   epoch_seconds             = local.epoch_seconds
 
   kafka_bootstrap_brokers = module.kafka_ap_south_1.bootstrap_brokers_tls_list
+
+  admin_tokens_secret_arn = var.admin_tokens_secret_arns["ap-south-1"]
 }

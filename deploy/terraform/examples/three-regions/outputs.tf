@@ -33,3 +33,12 @@ output "coordinator_services" {
     "ap-south-1" = { cluster = module.region_ap_south_1.ecs_cluster_arn, service = module.region_ap_south_1.coordinator_service_name }
   }
 }
+
+output "coordinator_admin_urls" {
+  description = "Per region, the base URL of the admin API (any coordinator replica serves it; the name resolves inside that region's VPC)."
+  value = {
+    "us-east-1"  = module.region_us_east_1.coordinator_admin_url
+    "eu-west-1"  = module.region_eu_west_1.coordinator_admin_url
+    "ap-south-1" = module.region_ap_south_1.coordinator_admin_url
+  }
+}

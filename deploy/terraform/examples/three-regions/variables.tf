@@ -16,8 +16,9 @@ variable "networks" {
     subnet_ids                    = list(string)
     gateway_security_group_ids    = list(string)
     monitoring_security_group_ids = optional(list(string), [])
+    admin_security_group_ids      = optional(list(string), [])
   }))
-  description = "The existing network of each region, keyed by region (us-east-1, eu-west-1, ap-south-1): VPC, its CIDR (admitted by the other regions' Kafka brokers), three private subnets in different zones, and the security groups of the gateways and of Prometheus. The VPCs must route to each other (peering or Transit Gateway) for MirrorMaker 2."
+  description = "The existing network of each region, keyed by region (us-east-1, eu-west-1, ap-south-1): VPC, its CIDR (admitted by the other regions' Kafka brokers), three private subnets in different zones, and the security groups of the gateways, of Prometheus and of the operators' hosts that use the admin API. The VPCs must route to each other (peering or Transit Gateway) for MirrorMaker 2."
 
   validation {
     condition     = toset(keys(var.networks)) == toset(["us-east-1", "eu-west-1", "ap-south-1"])
@@ -37,6 +38,21 @@ variable "coordinator_image" {
   validation {
     condition     = length(var.coordinator_image) > 0
     error_message = "coordinator_image must not be empty."
+  }
+}
+
+variable "admin_tokens_secret_arns" {
+  type        = map(string)
+  description = "Per region, the ARN of the Secrets Manager secret (in that region; e.g. one secret replicated to the three) whose value is the admin API's token file: lines of \"<name> <read|admin> <token>\". See modules/region/README.md."
+
+  validation {
+    condition     = toset(keys(var.admin_tokens_secret_arns)) == toset(["us-east-1", "eu-west-1", "ap-south-1"])
+    error_message = "admin_tokens_secret_arns must have exactly the keys us-east-1, eu-west-1 and ap-south-1."
+  }
+
+  validation {
+    condition     = alltrue([for r, arn in var.admin_tokens_secret_arns : can(regex("^arn:aws[a-z-]*:secretsmanager:${r}:[0-9]{12}:secret:", arn))])
+    error_message = "admin_tokens_secret_arns: each value must be the ARN of a Secrets Manager secret in the region of its key (arn:aws:secretsmanager:<region>:<account>:secret:<name>)."
   }
 }
 

@@ -1,5 +1,8 @@
 # The coordinator: `quotient coordinator` as an ECS Fargate service. Its
-# replicas elect a leader for the epoch loop; the others stand by.
+# replicas form a memberlist cluster (discovery.tf) and the one with the
+# smallest node name leads the epoch loop and the daily-quota replication;
+# the others stand by. Every replica serves the admin API and materialises
+# the policy log.
 
 resource "aws_ecs_cluster" "this" {
   name = local.name
@@ -41,6 +44,31 @@ resource "aws_iam_role_policy_attachment" "execution" {
   policy_arn = "arn:aws:iam::aws:policy/service-role/AmazonECSTaskExecutionRolePolicy"
 }
 
+# ECS reads the admin-token secret with the execution role, when it starts
+# a task, and hands it to the admin-tokens container only.
+data "aws_iam_policy_document" "execution_secrets" {
+  statement {
+    sid       = "ReadAdminTokens"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [var.admin_tokens_secret_arn]
+  }
+
+  dynamic "statement" {
+    for_each = var.admin_tokens_kms_key_arn == null ? [] : [var.admin_tokens_kms_key_arn]
+    content {
+      sid       = "DecryptAdminTokens"
+      actions   = ["kms:Decrypt"]
+      resources = [statement.value]
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "execution_secrets" {
+  name   = "admin-tokens"
+  role   = aws_iam_role.execution.id
+  policy = data.aws_iam_policy_document.execution_secrets.json
+}
+
 # Task role: the coordinator itself calls no AWS API today, so it has no
 # policy; it exists so one can be attached without replacing the task.
 resource "aws_iam_role" "task" {
@@ -63,12 +91,76 @@ resource "aws_ecs_task_definition" "coordinator" {
     cpu_architecture        = var.coordinator_cpu_architecture
   }
 
+  # Task-private scratch volume (Fargate ephemeral storage, encrypted at
+  # rest): the admin-tokens container writes the token file into it, the
+  # coordinator mounts it read-only. Nothing else mounts it.
+  volume {
+    name = "admin-tokens"
+  }
+
   container_definitions = jsonencode([
+    {
+      # Runs first and exits: writes the admin API's bearer tokens (the
+      # secret's value, lines of "<name> <read|admin> <token>") to the file
+      # QUOTIENT_ADMIN_TOKENS_FILE names, since ECS injects secrets as
+      # environment variables and the coordinator reads a file. The secret
+      # is in this container's environment only, never the coordinator's.
+      # It uses the quotient image for its shell (the health check below
+      # needs one too) and runs as root, so it can write to the fresh
+      # volume whichever user the image runs as; the file is made readable
+      # (0444) by the coordinator's user.
+      name       = "admin-tokens"
+      image      = var.coordinator_image
+      essential  = false
+      user       = "0"
+      entryPoint = ["sh", "-c"]
+      command    = ["umask 0222 && printf '%s\\n' \"$ADMIN_TOKENS\" > '${local.admin_tokens_file}.tmp' && mv '${local.admin_tokens_file}.tmp' '${local.admin_tokens_file}'"]
+
+      secrets = [
+        {
+          name      = "ADMIN_TOKENS"
+          valueFrom = var.admin_tokens_secret_arn
+        }
+      ]
+
+      mountPoints = [
+        {
+          sourceVolume  = "admin-tokens"
+          containerPath = local.admin_tokens_dir
+          readOnly      = false
+        }
+      ]
+
+      logConfiguration = {
+        logDriver = "awslogs"
+        options = {
+          awslogs-group         = aws_cloudwatch_log_group.coordinator.name
+          awslogs-region        = data.aws_region.current.name
+          awslogs-stream-prefix = "admin-tokens"
+        }
+      }
+    },
     {
       name      = "coordinator"
       image     = var.coordinator_image
       essential = true
       command   = ["coordinator"]
+
+      # Start only once the token file is written.
+      dependsOn = [
+        {
+          containerName = "admin-tokens"
+          condition     = "SUCCESS"
+        }
+      ]
+
+      mountPoints = [
+        {
+          sourceVolume  = "admin-tokens"
+          containerPath = local.admin_tokens_dir
+          readOnly      = true
+        }
+      ]
 
       environment = [
         for name in sort(keys(local.coordinator_env)) : {
@@ -77,12 +169,25 @@ resource "aws_ecs_task_definition" "coordinator" {
         }
       ]
 
+      # Gossip uses both protocols on one port (memberlist: UDP probes and
+      # gossip, TCP joins and state sync); on awsvpc the mappings document
+      # the ports, the security group admits them.
       portMappings = [
         {
           name          = "http"
           containerPort = var.coordinator_port
           protocol      = "tcp"
           appProtocol   = "http"
+        },
+        {
+          name          = "gossip-tcp"
+          containerPort = var.gossip_port
+          protocol      = "tcp"
+        },
+        {
+          name          = "gossip-udp"
+          containerPort = var.gossip_port
+          protocol      = "udp"
         }
       ]
 
@@ -96,8 +201,9 @@ resource "aws_ecs_task_definition" "coordinator" {
         startPeriod = 30
       }
 
-      # SIGTERM first: the coordinator hands over leadership and flushes
-      # before it exits.
+      # SIGTERM first: the coordinator leaves the gossip cluster (the
+      # others take over at once, without waiting for failure detection)
+      # and flushes before it exits.
       stopTimeout = 30
 
       dockerLabels = {
@@ -142,6 +248,11 @@ resource "aws_ecs_service" "coordinator" {
     subnets          = var.subnet_ids
     security_groups  = [aws_security_group.coordinator.id]
     assign_public_ip = false
+  }
+
+  # One A record per task under coordinator.<namespace>: the gossip seeds.
+  service_registries {
+    registry_arn = aws_service_discovery_service.coordinator.arn
   }
 
   propagate_tags = "SERVICE"

@@ -26,7 +26,35 @@ locals {
     QUOTIENT_POLICIES      = var.policies_path
     QUOTIENT_LISTEN        = ":${var.coordinator_port}"
     QUOTIENT_EPOCH         = "${var.epoch_seconds}s"
+
+    # Replicas: memberlist gossip on every interface, joining the others
+    # through the Cloud Map name (discovery.tf). The node name is left to
+    # its default, the host name, which Fargate makes unique per running
+    # task (see README.md).
+    QUOTIENT_GOSSIP_BIND  = "0.0.0.0:${var.gossip_port}"
+    QUOTIENT_GOSSIP_SEEDS = join(",", local.gossip_seeds)
+
+    # Control plane: follow the policy log and serve the admin API with the
+    # tokens the admin-tokens container wrote from the secret.
+    QUOTIENT_POLICY_LOG        = "true"
+    QUOTIENT_ADMIN_TOKENS_FILE = local.admin_tokens_file
   }
+
+  # Known at plan time, so coordinator_environment is too.
+  discovery_namespace = coalesce(var.discovery_namespace, "${local.name}.internal")
+  discovery_service   = "coordinator"
+  coordinator_dns     = "${local.discovery_service}.${local.discovery_namespace}"
+
+  # The loopback address first: it is this replica itself, so Join succeeds
+  # when the DNS name has no other replica yet (the first task, or one
+  # whose record is not published yet) instead of failing the start; every
+  # other address of the name is joined as well.
+  gossip_seeds = ["127.0.0.1:${var.gossip_port}", "${local.coordinator_dns}:${var.gossip_port}"]
+
+  # Written by the admin-tokens container into a volume only this task
+  # mounts (coordinator.tf).
+  admin_tokens_dir  = "/run/quotient"
+  admin_tokens_file = "${local.admin_tokens_dir}/admin-tokens"
 }
 
 data "aws_region" "current" {}

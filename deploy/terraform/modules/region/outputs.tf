@@ -42,3 +42,23 @@ output "coordinator_environment" {
   description = "QUOTIENT_* settings passed to every coordinator task."
   value       = local.coordinator_env
 }
+
+output "coordinator_dns_name" {
+  description = "DNS name with one A record per running coordinator task (Cloud Map, resolvable inside vpc_id): the replicas' gossip seed, and an address for the admin API."
+  value       = local.coordinator_dns
+}
+
+output "coordinator_admin_url" {
+  description = "Base URL of the admin API (any replica serves it), for the quotient CLI (--server) from a host in admin_security_group_ids."
+  value       = "http://${local.coordinator_dns}:${var.coordinator_port}"
+}
+
+output "discovery_namespace_id" {
+  description = "Id of the Cloud Map private DNS namespace of this region's coordinators."
+  value       = aws_service_discovery_private_dns_namespace.this.id
+}
+
+output "coordinator_execution_role_name" {
+  description = "Name of the coordinator task execution role (pulls the image, reads the admin-token secret); attach extra grants here, e.g. for an image registry in another account."
+  value       = aws_iam_role.execution.name
+}

@@ -1,8 +1,10 @@
 # Redis admits only the gateways and the coordinators of this region. The
 # coordinators' HTTP port (admin API, /metrics, /healthz) admits the
-# gateways and the monitoring groups. Rules are separate resources so the
-# groups can refer to each other without a cycle; count (not for_each) keeps
-# the plan valid when the ids are created in the same apply.
+# gateways, the monitoring groups and the admin groups; their gossip port
+# admits only the other coordinators. Rules are separate resources so the
+# groups can refer to each other without a cycle; count (not for_each) over
+# the ids you pass keeps the plan valid when they are created in the same
+# apply.
 
 resource "aws_security_group" "redis" {
   name        = "${local.name}-redis"
@@ -60,10 +62,28 @@ resource "aws_vpc_security_group_ingress_rule" "coordinator_from_monitoring" {
   referenced_security_group_id = var.monitoring_security_group_ids[count.index]
 }
 
-resource "aws_vpc_security_group_ingress_rule" "coordinator_from_coordinators" {
+resource "aws_vpc_security_group_ingress_rule" "coordinator_from_admins" {
+  count = length(var.admin_security_group_ids)
+
   security_group_id            = aws_security_group.coordinator.id
-  description                  = "Coordinator replicas talk to each other (membership, leader hand-over)"
-  ip_protocol                  = "-1"
+  description                  = "Coordinator admin API from operators (quotient CLI)"
+  ip_protocol                  = "tcp"
+  from_port                    = var.coordinator_port
+  to_port                      = var.coordinator_port
+  referenced_security_group_id = var.admin_security_group_ids[count.index]
+}
+
+# Gossip between the replicas of this region only (memberlist: UDP for
+# probes and gossip, TCP for joins and state sync, one port). Nothing else
+# reaches the gossip port; replicas need no other port of each other.
+resource "aws_vpc_security_group_ingress_rule" "coordinator_gossip" {
+  for_each = toset(["tcp", "udp"])
+
+  security_group_id            = aws_security_group.coordinator.id
+  description                  = "Coordinator gossip (${upper(each.key)}) from the other replicas"
+  ip_protocol                  = each.key
+  from_port                    = var.gossip_port
+  to_port                      = var.gossip_port
   referenced_security_group_id = aws_security_group.coordinator.id
 }
 

@@ -175,7 +175,7 @@ variable "coordinator_image" {
 
 variable "coordinator_desired_count" {
   type        = number
-  description = "Coordinator tasks in this region. One leads the epoch loop and the others take over when it dies, so 2 or more for availability."
+  description = "Coordinator tasks in this region. They form one memberlist cluster: one leads the epoch loop and the others take over when it leaves or dies, so 2 or more for availability."
   default     = 2
 
   validation {
@@ -225,6 +225,76 @@ variable "coordinator_port" {
   validation {
     condition     = var.coordinator_port >= 1024 && var.coordinator_port <= 65535
     error_message = "coordinator_port must be between 1024 and 65535."
+  }
+}
+
+variable "gossip_port" {
+  type        = number
+  description = "Port, TCP and UDP, on which the coordinator replicas gossip with each other (memberlist; QUOTIENT_GOSSIP_BIND and QUOTIENT_GOSSIP_SEEDS). Only the coordinators' security group reaches it."
+  default     = 7946
+
+  validation {
+    condition     = var.gossip_port >= 1024 && var.gossip_port <= 65535 && floor(var.gossip_port) == var.gossip_port
+    error_message = "gossip_port must be a whole number between 1024 and 65535."
+  }
+
+  validation {
+    condition     = var.gossip_port != var.coordinator_port
+    error_message = "gossip_port must differ from coordinator_port (the HTTP server's port)."
+  }
+}
+
+variable "discovery_namespace" {
+  type        = string
+  description = "Name of the private DNS namespace (AWS Cloud Map, a Route 53 private hosted zone on vpc_id) in which the coordinator tasks register as coordinator.<namespace>; the replicas find each other through it. null (the default) is <name_prefix>-<region>.internal. It must not be a domain the VPC already resolves."
+  default     = null
+
+  validation {
+    condition     = var.discovery_namespace == null || can(regex("^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\\.)+[a-z][a-z0-9-]{0,61}[a-z0-9]$", var.discovery_namespace))
+    error_message = "discovery_namespace must be a lower-case DNS domain of at least two labels, such as quotient-us-east-1.internal."
+  }
+}
+
+variable "discovery_dns_ttl_seconds" {
+  type        = number
+  description = "TTL in seconds of the coordinators' A records in the discovery namespace: how long a resolver may keep an answer, so how late a new replica can be missed or a stopped one still be tried by a joining replica."
+  default     = 10
+
+  validation {
+    condition     = var.discovery_dns_ttl_seconds >= 0 && var.discovery_dns_ttl_seconds <= 300 && floor(var.discovery_dns_ttl_seconds) == var.discovery_dns_ttl_seconds
+    error_message = "discovery_dns_ttl_seconds must be a whole number of seconds from 0 to 300."
+  }
+}
+
+variable "admin_tokens_secret_arn" {
+  type        = string
+  description = "ARN of the AWS Secrets Manager secret whose value (SecretString) is the admin API's token file: one line per token, \"<name> <read|admin> <token>\", tokens of 16 bytes or more. You create it; ECS injects it into a start-up container that writes it to QUOTIENT_ADMIN_TOKENS_FILE. Tokens are read when a task starts: after changing the secret, force a new deployment."
+
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+$", var.admin_tokens_secret_arn))
+    error_message = "admin_tokens_secret_arn must be a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>), not a name and not a JSON key reference."
+  }
+}
+
+variable "admin_tokens_kms_key_arn" {
+  type        = string
+  description = "ARN of the customer-managed KMS key that encrypts admin_tokens_secret_arn, if any: the task execution role is granted kms:Decrypt on it. null (the default) for the AWS-managed key aws/secretsmanager."
+  default     = null
+
+  validation {
+    condition     = var.admin_tokens_kms_key_arn == null || can(regex("^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[0-9a-f-]+$", var.admin_tokens_kms_key_arn))
+    error_message = "admin_tokens_kms_key_arn must be null or a KMS key ARN (arn:aws:kms:<region>:<account>:key/<id>)."
+  }
+}
+
+variable "admin_security_group_ids" {
+  type        = list(string)
+  description = "Security groups of the operators' hosts (the quotient CLI) allowed to reach the coordinators' HTTP port for the admin API. Empty admits none besides the gateways and monitoring groups."
+  default     = []
+
+  validation {
+    condition     = alltrue([for s in var.admin_security_group_ids : can(regex("^sg-[0-9a-f]+$", s))])
+    error_message = "admin_security_group_ids must hold security group ids (sg-...)."
   }
 }
 
