@@ -231,3 +231,40 @@ func TestMonthWindowFallback(t *testing.T) {
 	assert.InDelta(t, 0.25, r, 1e-12, "per 31 days, over 4 instances")
 	assert.Equal(t, 2678400/4, b)
 }
+
+// BenchmarkFixedWindowKinds compares a decision of a fixed window over a
+// length (window_s 86400) with one over calendar months, on the memory
+// store and on the script of a local redis-server (one caller).
+func BenchmarkFixedWindowKinds(b *testing.B) {
+	docs := map[string]string{
+		"window_s": `{"id":"d","algorithm":"fixed_window","limit":1000000000,"window_s":86400}`,
+		"month":    `{"id":"m","algorithm":"fixed_window","limit":1000000000,"window":"month"}`,
+	}
+	stores := map[string]func(b *testing.B) Store{
+		"memory": func(*testing.B) Store { return NewMemoryStore() },
+		"redis": func(b *testing.B) Store {
+			if testing.Short() {
+				b.Skip("needs redis-server")
+			}
+			return NewRedisStore(redistest.StartServer(b).Client())
+		},
+	}
+	for _, sn := range []string{"memory", "redis"} {
+		for _, kind := range []string{"window_s", "month"} {
+			b.Run(sn+"/"+kind, func(b *testing.B) {
+				p := mustPolicy(b, docs[kind])
+				l, err := New(Config{Store: stores[sn](b)}, []*Policy{p})
+				require.NoError(b, err)
+				ctx := context.Background()
+				subj := Subject{Kind: SubjectAPIKey, Value: "bench"}
+				now := time.Now()
+				b.ResetTimer()
+				for i := range b.N {
+					if _, err := l.CheckSubjectAt(ctx, now.Add(time.Duration(i)*time.Millisecond), subj, []*Policy{p}, 1); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -73,3 +73,13 @@ func TestMonthAtExamples(t *testing.T) {
 	assert.Equal(t, int64(28), DaysIn(1900, 2))
 	assert.Equal(t, int64(30), DaysIn(2026, 11))
 }
+
+func BenchmarkMonthAt(b *testing.B) {
+	ms := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC).UnixMilli()
+	var sink int64
+	for i := range b.N {
+		s, e := MonthAt(ms + int64(i)*1_000_003)
+		sink += s ^ e
+	}
+	_ = sink
+}
