@@ -3,6 +3,7 @@ package limiter
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -17,6 +18,8 @@ func FuzzParsePolicies(f *testing.F) {
 	f.Add([]byte(`[{"id":"a","id":"a"}]`))
 	f.Add([]byte(`[{"id":"a","algorithm":"token_bucket","rate_per_sec":1e308}]`))
 	f.Add([]byte(`{"match":{"routes":[1]}}`))
+	f.Add([]byte(`[{"id":"m","algorithm":"fixed_window","limit":9,"window":"month","scope":"global"}]`))
+	f.Add([]byte(`[{"id":"m","algorithm":"fixed_window","limit":9,"window":"month","window_s":0}]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ps, err := ParsePolicies(data)
 		if err != nil {
@@ -31,8 +34,14 @@ func FuzzParsePolicies(f *testing.F) {
 		}
 		_, err = New(Config{}, ps)
 		require.NoError(t, err)
+		now := time.Date(2028, 2, 29, 23, 59, 59, 0, time.UTC)
 		for _, p := range ps {
 			require.True(t, p.Capacity() > 0)
+			if p.Algorithm == FixedWindow {
+				// Every fixed window, of a length or a month, contains now.
+				start, end := p.WindowAt(now)
+				require.False(t, now.Before(start) || !now.Before(end), "%s: [%s, %s)", p.ID, start, end)
+			}
 		}
 	})
 }
