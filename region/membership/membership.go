@@ -45,6 +45,13 @@ type Config struct {
 	SuspicionMult int
 	// GossipInterval is how often state is gossiped (default 200 ms).
 	GossipInterval time.Duration
+	// RejoinInterval is how often Seeds are joined again while this
+	// replica runs (default 30 s; negative: never). memberlist joins only
+	// when asked, so replicas that all started before any of them was
+	// reachable at a seed address (a DNS name with no records yet) would
+	// otherwise stay in clusters of one, each its own leader, until the next
+	// replica starts.
+	RejoinInterval time.Duration
 	// Logger receives memberlist's log. Default: discard.
 	Logger *slog.Logger
 }
@@ -56,6 +63,7 @@ func DefaultConfig(name string) Config {
 		Name: name, BindAddr: "0.0.0.0", BindPort: 7946,
 		ProbeInterval: lan.ProbeInterval, ProbeTimeout: lan.ProbeTimeout,
 		SuspicionMult: lan.SuspicionMult, GossipInterval: lan.GossipInterval,
+		RejoinInterval: 30 * time.Second,
 	}
 }
 
@@ -64,6 +72,7 @@ type Member struct {
 	ml      *memberlist.Memberlist
 	name    string
 	changed chan struct{} // capacity 1: a view change happened
+	stop    chan struct{} // closed by Shutdown: ends the re-join loop
 	mu      sync.Mutex
 	closed  bool
 }
@@ -104,7 +113,7 @@ func Join(cfg Config) (*Member, error) {
 	} else {
 		mc.Logger = log.New(io.Discard, "", 0)
 	}
-	m := &Member{name: cfg.Name, changed: make(chan struct{}, 1)}
+	m := &Member{name: cfg.Name, changed: make(chan struct{}, 1), stop: make(chan struct{})}
 	mc.Events = events{m}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
@@ -116,8 +125,31 @@ func Join(cfg Config) (*Member, error) {
 			_ = ml.Shutdown()
 			return nil, fmt.Errorf("membership: join %v: %w", cfg.Seeds, err)
 		}
+		every := cfg.RejoinInterval
+		if every == 0 {
+			every = d.RejoinInterval
+		}
+		if every > 0 {
+			go m.rejoin(cfg.Seeds, every)
+		}
 	}
 	return m, nil
+}
+
+// rejoin joins seeds again every interval until Shutdown: members already
+// known are not disturbed, and a seed that answers now merges its cluster
+// with this one. Errors (no seed answered) are expected and ignored.
+func (m *Member) rejoin(seeds []string, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+			_, _ = m.ml.Join(seeds)
+		}
+	}
 }
 
 func (m *Member) kick() {
@@ -168,6 +200,7 @@ func (m *Member) Shutdown() error {
 		return nil
 	}
 	m.closed = true
+	close(m.stop)
 	return m.ml.Shutdown()
 }
 
