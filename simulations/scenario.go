@@ -618,6 +618,10 @@ func (p *parser) policy(path string, raw json.RawMessage) *limiter.Policy {
 		p.add(path+".scope", "the simulator measures global limits: want \"global\", got %q", pol.Scope)
 		return nil
 	}
+	if pol.Monthly() {
+		p.add(path+".window", "calendar months are not simulated (the ideal and the evaluation windows have fixed lengths): use window_s")
+		return nil
+	}
 	return pol
 }
 
