@@ -1,7 +1,6 @@
 package rebalancer
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -39,6 +38,9 @@ type Core struct {
 	fallback   bool  // the last decision was in fallback
 
 	keys   map[Key]*keyState
+	order  []entry  // the keys, sorted, as of the last tidy (some maybe gone)
+	added  []entry  // keys added since the last tidy
+	gone   int      // keys of order deleted since the last tidy
 	remote []remote // by region index; remote[self] unused
 	stats  Stats
 	in     []shares.RegionInput // scratch, one per region
@@ -49,8 +51,9 @@ type Core struct {
 	lcOn   bool  // lcID, lcLim, lcRes hold the last limit lookup of this call
 	lcID   string
 	lcLim  shares.Limit
-	lcRes  uint8 // 0 found and valid, 1 unknown, 2 invalid
-	lookup bool  // find ignores the hints (tests compare both ways)
+	lcRes  uint8             // 0 found and valid, 1 unknown, 2 invalid
+	ids    map[string]string // one string per valid policy id seen, for the keys
+	lookup bool              // find ignores the hints (tests compare both ways)
 }
 
 // keyState is this region's state for one key.
@@ -65,7 +68,14 @@ type keyState struct {
 	writtenAt        int64        // epoch of the decision that last wrote it
 	short            bool         // the record is above the default (short lifetime)
 	born             int64        // Core.passes when the state was created
+	gone             bool         // deleted from Core.keys
 	at               []at         // by region index: where the key is in a stored report
+}
+
+// entry is a key and its state, in Core.order.
+type entry struct {
+	key Key
+	st  *keyState
 }
 
 // at says that a key is line j of the stored report with id.
@@ -163,6 +173,7 @@ func New(cfg Config, policies Policies) (*Core, error) {
 		index:    make(map[string]int, len(regions)),
 		epochMs:  cfg.Epoch.Milliseconds(),
 		keys:     make(map[Key]*keyState),
+		ids:      map[string]string{},
 		remote:   make([]remote, len(regions)),
 		in:       make([]shares.RegionInput, len(regions)),
 		fallback: true,
@@ -261,7 +272,7 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 				continue
 			}
 			st = c.newKey(m)
-			c.keys[u.Key] = st
+			c.add(Key{PolicyID: c.lcID, Subject: u.Subject}, st) // one string per policy
 		}
 		st.demand = satAdd(st.demand, u.Demand)
 		st.admitted = satAdd(st.admitted, u.Admitted)
@@ -278,7 +289,9 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 			}
 		}
 	}
-	for k, st := range c.keys {
+	// In key order, so that the report and the updates come out sorted.
+	for _, e := range c.tidy() {
+		k, st := e.key, e.st
 		rate := min(shares.MulDiv(st.demand, 1_000_000, c.epochMs), 1<<60)
 		st.smoothed = c.smooth(st.smoothed, rate)
 		st.want = shares.Share{}
@@ -314,14 +327,6 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 		}
 		st.demand, st.admitted = 0, 0
 	}
-	if rep != nil {
-		slices.SortFunc(rep.Keys, func(a, b KeyReport) int {
-			return cmp.Or(cmp.Compare(a.PolicyID, b.PolicyID), cmp.Compare(a.Subject, b.Subject))
-		})
-	}
-	slices.SortFunc(out.Updates, func(a, b Update) int {
-		return cmp.Or(cmp.Compare(a.PolicyID, b.PolicyID), cmp.Compare(a.Subject, b.Subject))
-	})
 	c.stats.Updates += int64(len(out.Updates))
 	c.published, c.pending, c.ownReport = m, true, rep != nil
 	out.Report = rep
@@ -503,7 +508,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 					continue
 				}
 				st = c.newKey(m)
-				c.keys[k] = st
+				c.add(Key{PolicyID: c.lcID, Subject: k.Subject}, st) // one string per policy
 			}
 			st.at[i] = at{id: s.id, j: int32(j)}
 		}
@@ -511,10 +516,12 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		c.remote[i].indexed, c.remote[i].indexedAt = s.id, c.passes
 	}
 	k := c.cfg.SilenceEpochs
-	for key, st := range c.keys {
+	// In key order, so that the updates come out sorted.
+	for _, e := range c.tidy() {
+		key, st := e.key, e.st
 		lim, ok := c.limit(key.PolicyID)
 		if !ok {
-			delete(c.keys, key)
+			c.remove(key, st)
 			continue
 		}
 		if !st.known {
@@ -538,12 +545,9 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		}
 		st.share = next
 		if st.share == def && !st.record && st.smoothed == 0 && st.demand == 0 && st.synced {
-			delete(c.keys, key) // idle at the default: no state needed
+			c.remove(key, st) // idle at the default: no state needed
 		}
 	}
-	slices.SortFunc(d.Updates, func(a, b Update) int {
-		return cmp.Or(cmp.Compare(a.PolicyID, b.PolicyID), cmp.Compare(a.Subject, b.Subject))
-	})
 	// Keep, per region, the reports of later epochs and the latest one.
 	for i := range c.remote {
 		q := &c.remote[i]
@@ -639,6 +643,45 @@ func (c *Core) inputs(key Key, st *keyState, lim shares.Limit, m int64, latest b
 	return in
 }
 
+// add adds a key's state.
+func (c *Core) add(k Key, st *keyState) {
+	c.keys[k] = st
+	c.added = append(c.added, entry{key: k, st: st})
+}
+
+// remove deletes a key's state.
+func (c *Core) remove(k Key, st *keyState) {
+	delete(c.keys, k)
+	st.gone = true
+	c.gone++
+}
+
+// tidy returns every key and its state, sorted by key: the last order
+// without the keys removed since, merged with the keys added since.
+func (c *Core) tidy() []entry {
+	if len(c.added) == 0 && c.gone == 0 {
+		return c.order
+	}
+	cmpEntry := func(a, b entry) int { return compareKeys(a.key, b.key) }
+	c.added = slices.DeleteFunc(c.added, func(e entry) bool { return e.st.gone })
+	slices.SortFunc(c.added, cmpEntry)
+	out := make([]entry, 0, len(c.order)+len(c.added))
+	i := 0
+	for _, e := range c.order {
+		if e.st.gone {
+			continue
+		}
+		for i < len(c.added) && cmpEntry(c.added[i], e) < 0 {
+			out = append(out, c.added[i])
+			i++
+		}
+		out = append(out, e)
+	}
+	out = append(out, c.added[i:]...)
+	c.order, c.added, c.gone = out, c.added[:0], 0
+	return c.order
+}
+
 // find returns the line of key (whose state is st) in s, region i's
 // stored report, or -1 when s does not mention it: from st's hint, when
 // s is the region's report indexed last and st is older than that pass
@@ -679,7 +722,9 @@ func clamp(s shares.Share, lim shares.Limit) shares.Share {
 
 // limit looks up a policy and checks it fits this deployment, counting
 // misses. Within one Collect or decision (lcOn), the last policy's answer
-// is reused: keys come in runs of one policy.
+// is reused: keys come in runs of one policy. c.lcID is then the one
+// string the Core keeps for that policy id (when valid), which new keys
+// take, so that comparing their ids is comparing pointers.
 func (c *Core) limit(policyID string) (shares.Limit, bool) {
 	if !c.lcOn || policyID != c.lcID {
 		c.lcOn, c.lcID, c.lcLim, c.lcRes = true, policyID, shares.Limit{}, 0
@@ -691,6 +736,11 @@ func (c *Core) limit(policyID string) (shares.Limit, bool) {
 			c.lcRes = 2
 		default:
 			c.lcLim = lim
+			if id, ok := c.ids[policyID]; ok {
+				c.lcID = id
+			} else {
+				c.ids[policyID] = policyID
+			}
 		}
 	}
 	switch c.lcRes {

@@ -57,6 +57,10 @@ func TestLookupHintsChangeNothing(t *testing.T) {
 				p2, err := plain.Collect(now, usage)
 				require.NoError(t, err)
 				require.Equal(t, p2, p1, "collect of epoch %d", e)
+				require.True(t, slices.IsSortedFunc(p1.Updates, func(a, b Update) int { return compareKeys(a.Key, b.Key) }))
+				if p1.Report != nil {
+					require.True(t, slices.IsSortedFunc(p1.Report.Keys, func(a, b KeyReport) int { return compareKeys(a.Key, b.Key) }))
+				}
 				for _, region := range []string{"b", "c"} {
 					if r.IntN(4) == 0 {
 						continue // missed: the latest report stands in
@@ -94,6 +98,8 @@ func TestLookupHintsChangeNothing(t *testing.T) {
 				d2, err := plain.Decide(at)
 				require.NoError(t, err)
 				require.Equal(t, d2, d1, "decision of epoch %d", e)
+				require.True(t, slices.IsSortedFunc(d1.Updates, func(a, b Update) int { return compareKeys(a.Key, b.Key) }))
+				require.Len(t, hinted.tidy(), hinted.Keys())
 			}
 			require.Equal(t, plain.Stats(), hinted.Stats())
 			require.Positive(t, hinted.Stats().GrowDecisions, "the scenario must reach growth")

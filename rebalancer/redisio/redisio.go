@@ -44,8 +44,7 @@ func NewSource(client redis.UniversalClient, shards int) *Source {
 }
 
 // Usage implements rebalancer.UsageSource: the totals of epoch, one entry
-// per (policy, subject key), in the order CollectUsageTotals returns them
-// (by policy, then subject key). An unreachable Redis is an error wrapping
+// per (policy, subject key), in no particular order. An unreachable Redis is an error wrapping
 // ErrRead (nothing read). Fields that do not parse are skipped, counted
 // (BadFields) and remembered (LastBadFields); the totals that did parse are
 // returned without error, since one bad field must not blank the whole
