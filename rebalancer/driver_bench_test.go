@@ -3,9 +3,13 @@ package rebalancer_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -23,14 +27,22 @@ import (
 // collect the gateways' usage from redis-server (16 shard hashes), Collect,
 // publish the report through kfake (kafka-go, lz4, acks=all), consume it
 // and the two other regions' 100k-key reports, Receive, Decide, and write
-// the changed shares to redis-server (pipelined script calls). Demand
-// alternates every epoch so every key's share changes (the worst case for
-// the write in the all-change case). The other regions' reports are published untimed; consuming
-// them is timed. Per-phase costs are reported as ms/<phase>.
+// the changed shares to redis-server (pipelined script calls, many records
+// each). The other regions' reports are published untimed; consuming them
+// is timed. Per-phase costs are reported as ms/<phase> (wall) and
+// cpu-ms/<phase> (this process's CPU time: the coordinator's work, the
+// in-process broker's and the garbage collector's); redis-server's CPU time
+// as redis-cpu-ms. Phases: read (usage from Redis), collect (Core.Collect),
+// shrink (writing the shares given up at collection, Published.Updates),
+// publish, consume (the three reports, Core.Receive), decide
+// (Core.Decide) and write (the decision's updates).
 //
 // Sub-benchmarks: "all-change" alternates demand every epoch so that every
 // key's share changes (worst case for the write); "steady" keeps demand
-// constant, so after convergence few shares change.
+// constant, but in the few epochs measured after warm-up the shares are
+// still converging, so it writes every key too (see updates/epoch).
+// Run with -benchtime 2x: each iteration is one 100k-key epoch, and the
+// setup (usage flushes, the other regions' reports) is not timed.
 func BenchmarkEpoch100kKeys(b *testing.B) {
 	b.Run("all-change", func(b *testing.B) { benchEpoch(b, 2) })
 	b.Run("steady", func(b *testing.B) { benchEpoch(b, 1) })
@@ -105,24 +117,38 @@ func benchEpoch(b *testing.B, period int) {
 		}
 	}
 
-	var phases [6]time.Duration // read, collect, publish, consume, decide, write
-	updates := 0
+	// Per phase: wall time, this process's CPU time (the coordinator's
+	// work, plus the in-process kfake broker and any GC it triggers) and
+	// redis-server's CPU time (INFO cpu).
+	phaseNames := []string{"read", "collect", "shrink", "publish", "consume", "decide", "write"}
+	var wall, cpu, rcpu [7]time.Duration
+	updates, shrinks := 0, 0
+	var mark [8]struct{ wall, cpu, rcpu time.Duration }
+	start := time.Now()
+	tick := func(i int) {
+		mark[i].wall, mark[i].cpu, mark[i].rcpu = time.Since(start), processCPU(b), redisCPU(ctx, b, client)
+	}
 	step := func(m int64) {
 		now := rebalancer.EpochStart(m+1, epoch).Add(time.Second)
-		t0 := time.Now()
+		tick(0)
 		usage, err := src.Usage(ctx, m)
 		require.NoError(b, err)
 		require.Equal(b, nkeys, len(usage))
-		t1 := time.Now()
+		tick(1)
 		pub, err := core.Collect(now, usage)
 		require.NoError(b, err)
-		t2 := time.Now()
+		require.Nil(b, pub.Late)
+		tick(2)
+		// The driver writes the shares given up at collection before
+		// publishing the report that claims them.
+		require.NoError(b, sink.Write(ctx, pub.Updates))
+		tick(3)
 		want := 2 // the two other regions' reports
 		if pub.Report != nil {
 			require.NoError(b, self.Publish(ctx, pub.Report))
 			want = 3
 		}
-		t3 := time.Now()
+		tick(4)
 		for got := 0; got < want; {
 			r, err := self.Receive(ctx)
 			require.NoError(b, err)
@@ -133,16 +159,19 @@ func benchEpoch(b *testing.B, period int) {
 			require.NoError(b, err)
 			got++
 		}
-		t4 := time.Now()
+		tick(5)
 		d, err := core.Decide(now)
 		require.NoError(b, err)
-		t5 := time.Now()
+		tick(6)
 		require.NoError(b, sink.Write(ctx, d.Updates))
-		t6 := time.Now()
-		for i, x := range []time.Duration{t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), t4.Sub(t3), t5.Sub(t4), t6.Sub(t5)} {
-			phases[i] += x
+		tick(7)
+		for i := range phaseNames {
+			wall[i] += mark[i+1].wall - mark[i].wall
+			cpu[i] += mark[i+1].cpu - mark[i].cpu
+			rcpu[i] += mark[i+1].rcpu - mark[i].rcpu
 		}
 		updates += len(d.Updates)
+		shrinks += len(pub.Updates)
 	}
 
 	// Warm-up: the Core publishes nothing and writes nothing for
@@ -153,7 +182,7 @@ func benchEpoch(b *testing.B, period int) {
 		step(m)
 		m++
 	}
-	phases, updates = [6]time.Duration{}, 0
+	wall, cpu, rcpu, updates, shrinks = [7]time.Duration{}, [7]time.Duration{}, [7]time.Duration{}, 0, 0
 	n := 0
 	b.ResetTimer()
 	for b.Loop() {
@@ -165,8 +194,41 @@ func benchEpoch(b *testing.B, period int) {
 		n++
 	}
 	b.StopTimer()
-	for i, name := range []string{"read", "collect", "publish", "consume", "decide", "write"} {
-		b.ReportMetric(float64(phases[i].Milliseconds())/float64(n), "ms/"+name)
+	var total [3]time.Duration
+	for i, name := range phaseNames {
+		b.ReportMetric(float64(wall[i].Milliseconds())/float64(n), "ms/"+name)
+		b.ReportMetric(float64(cpu[i].Milliseconds())/float64(n), "cpu-ms/"+name)
+		total[0], total[1], total[2] = total[0]+wall[i], total[1]+cpu[i], total[2]+rcpu[i]
 	}
+	b.ReportMetric(float64(rcpu[0].Milliseconds())/float64(n), "redis-cpu-ms/read")
+	b.ReportMetric(float64((rcpu[2]+rcpu[6]).Milliseconds())/float64(n), "redis-cpu-ms/writes")
+	b.ReportMetric(float64(total[1].Milliseconds())/float64(n), "cpu-ms/epoch")
+	b.ReportMetric(float64(total[2].Milliseconds())/float64(n), "redis-cpu-ms/epoch")
 	b.ReportMetric(float64(updates)/float64(n), "updates/epoch")
+	b.ReportMetric(float64(shrinks)/float64(n), "shrinks/epoch")
+}
+
+// processCPU returns this process's user and system CPU time so far.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// redisCPU returns redis-server's user and system CPU time so far (INFO
+// cpu, microsecond resolution).
+func redisCPU(ctx context.Context, b *testing.B, c *redis.Client) time.Duration {
+	info, err := c.Info(ctx, "cpu").Result()
+	require.NoError(b, err)
+	var sum time.Duration
+	for line := range strings.Lines(info) {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+			continue
+		}
+		sec, err := strconv.ParseFloat(val, 64)
+		require.NoError(b, err, line)
+		sum += time.Duration(sec * float64(time.Second))
+	}
+	return sum
 }
