@@ -60,14 +60,32 @@ func (s *Source) Usage(ctx context.Context, epoch int64) ([]rebalancer.Usage, er
 	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrRead, err)
 	}
-	out := make([]rebalancer.Usage, len(totals))
-	for i, t := range totals {
-		out[i] = rebalancer.Usage{
-			Key:    rebalancer.Key{PolicyID: t.PolicyID, Subject: t.SubjectKey},
-			Demand: t.Demand, Admitted: t.Admitted,
+	out := make([]rebalancer.Usage, 0, len(totals))
+	for _, t := range totals {
+		if u, ok := sanitize(t); ok {
+			out = append(out, u)
+		} else {
+			s.bad.Add(1)
 		}
 	}
 	return out, nil
+}
+
+// sanitize turns one key's flushed totals into a Usage the Core accepts.
+// Gateways flush demand and admitted as separate increments and retry them
+// separately (at least once), so admitted can exceed demand by a retried
+// flush; every admitted attempt is also demand, so demand is raised to
+// admitted rather than losing the whole epoch to one entry (the Core
+// rejects a list with any invalid entry). Negative totals cannot come from
+// gateways (they only add) and are dropped.
+func sanitize(t limiter.UsageTotal) (rebalancer.Usage, bool) {
+	if t.Demand < 0 || t.Admitted < 0 || t.PolicyID == "" {
+		return rebalancer.Usage{}, false
+	}
+	return rebalancer.Usage{
+		Key:    rebalancer.Key{PolicyID: t.PolicyID, Subject: t.SubjectKey},
+		Demand: max(t.Demand, t.Admitted), Admitted: t.Admitted,
+	}, true
 }
 
 // BadFields returns how many collections found unparsable usage fields.
