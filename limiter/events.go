@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -129,4 +128,4 @@ func newEvent(now time.Time, req *Request, d *Decision) Event {
 	return e
 }
 
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
