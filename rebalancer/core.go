@@ -36,6 +36,7 @@ type Core struct {
 	ownReport  bool  // a report was published for epoch published
 	decided    int64 // last epoch decided (valid when started)
 	fallback   bool  // the last decision was in fallback
+	adopted    bool  // Adopt took the store's records: no warm-up
 
 	keys   map[Key]*keyState
 	order  []entry  // the keys, sorted, as of the last tidy (some maybe gone)
@@ -277,7 +278,7 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 		st.demand = satAdd(st.demand, u.Demand)
 		st.admitted = satAdd(st.admitted, u.Admitted)
 	}
-	warm := m < c.firstEpoch+c.cfg.WarmupEpochs
+	warm := c.warm(m)
 	var rep *Report
 	if !warm {
 		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m}
@@ -293,7 +294,14 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 	for _, e := range c.tidy() {
 		k, st := e.key, e.st
 		rate := min(shares.MulDiv(st.demand, 1_000_000, c.epochMs), 1<<60)
-		st.smoothed = c.smooth(st.smoothed, rate)
+		if c.adopted && m == c.firstEpoch {
+			// An adopted Core's first epoch: no history to smooth with;
+			// starting from 0 would halve the demand and shrink shares
+			// the region needs.
+			st.smoothed = min(rate, shares.MulDiv(rate, c.cfg.Shares.HeadroomPermille, 1000))
+		} else {
+			st.smoothed = c.smooth(st.smoothed, rate)
+		}
 		st.want = shares.Share{}
 		lim, ok := c.limit(k.PolicyID)
 		if !ok {
@@ -474,7 +482,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 	defer func() { c.lcOn = false }()
 	m := c.published
 	complete, silentIdx := c.view(m)
-	warm := m < c.firstEpoch+c.cfg.WarmupEpochs
+	warm := c.warm(m)
 	c.fallback = warm || c.cutOff(m)
 	timely := EpochOf(now, c.cfg.Epoch) == m+1
 	d := Decision{Epoch: m, Complete: complete, Mode: shares.Hold}
@@ -757,8 +765,15 @@ func (c *Core) limit(policyID string) (shares.Limit, bool) {
 // newKey returns the state of a key first seen at epoch m. A record a
 // previous coordinator wrote may exist until IdleTTLEpochs after this Core
 // started; until then the first decision writes the key even if unchanged.
+// An adopted Core read every record: a key it has no state for has none.
 func (c *Core) newKey(m int64) *keyState {
-	return &keyState{synced: c.started && m >= c.firstEpoch+c.cfg.IdleTTLEpochs, born: c.passes, at: make([]at, len(c.regions))}
+	synced := c.adopted || c.started && m >= c.firstEpoch+c.cfg.IdleTTLEpochs
+	return &keyState{synced: synced, born: c.passes, at: make([]at, len(c.regions))}
+}
+
+// warm reports whether epoch m is in this Core's warm-up.
+func (c *Core) warm(m int64) bool {
+	return !c.adopted && m < c.firstEpoch+c.cfg.WarmupEpochs
 }
 
 func satAdd(a, b int64) int64 {

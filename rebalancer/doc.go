@@ -116,7 +116,54 @@
 //     coordinator wrote above the default expire and the others count it at
 //     the default (or its last claim) meanwhile. After that it claims the
 //     default for keys it does not know, which bounds any older record below
-//     the default, and writes each key once.
+//     the default, and writes each key once. A Core that adopted the
+//     region's records skips the warm-up (see Warm start).
+//
+// # Warm start (a leader change within a region)
+//
+// A driver with a Fence and DriverConfig.Records that takes over (the fence
+// shows epoch c claimed, and it resumes at m = c+1; not when older epochs
+// were skipped) does not warm up. Before claiming m it waits, reads every
+// share record of the region and calls Core.Adopt: each record's share
+// becomes the key's claim (with the lifetime its expiry says), every other
+// key is at the default, and the first collected epoch (m) is reported.
+// Why that is safe:
+//
+//   - Writer bound. A fenced driver starts a write only before its write
+//     deadline: max(EpochStart(c+2)+CollectDelay, t_c+MaxWait), with c its
+//     last claimed epoch and t_c when it started claiming c (the first term
+//     is when it would claim c+1; the second covers a catch-up collection,
+//     claimed late). Past it, updates wait, unwritten, for its next claim
+//     (and its reports wait for them, as after a failed write).
+//   - The successor read c at time r, so the previous replica started
+//     claiming c before r. If the successor's claim of m succeeds, nobody
+//     claimed anything after c (such a claim is >= m and makes it fail), so
+//     the previous replica's last write started before max(EpochStart(m+1)+
+//     CollectDelay, r+MaxWait) and ended within IOTimeout. The successor
+//     reads the records after that plus TakeoverMargin (clock difference
+//     between replicas); from then on only it writes them. If its claim
+//     fails, it stops (ErrFenced) and its Core is never used.
+//   - Claims. The records read are exactly what the gateways enforce, so
+//     the successor's first report claims what is enforced; every later
+//     step is the normal cycle from those claims. Whether the previous
+//     replica's decision of c was made, written, or refused by its write
+//     deadline, the records are one consistent state that its report of c
+//     bounded (claims are upper bounds), and the others' views of m use
+//     the successor's report of m.
+//   - Lifetimes. A record above the default may expire (the enforced share
+//     falls: safe); it is refreshed K-1 epochs after the write its expiry
+//     implies. A record below the default must not expire while claimed:
+//     it is refreshed IdleTTLEpochs/2 after that write, and at once (Adopt's
+//     updates, written before the first report) if it expires within two
+//     epochs.
+//   - Smoothing. At the adopted Core's first epoch the smoothed demand is
+//     the epoch's demand (capped by the headroom), not an average with 0,
+//     so the first decision does not shrink shares the region uses.
+//   - Any failure (records not read, Adopt refused) leaves the Core cold:
+//     the warm-up, which needs no bound on the previous writer.
+//
+// Assumption (on top of the ones above): a write that started is applied
+// within IOTimeout (its context's deadline) or not at all.
 //
 // # Policies
 //

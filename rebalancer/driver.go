@@ -136,6 +136,18 @@ type DriverConfig struct {
 	// (their usage has expired: the gateways keep it 3 epochs after its
 	// own). Default 3.
 	CatchUpEpochs int64
+	// Records, with a Fence, lets a driver that takes over a region (the
+	// fence shows the previous epoch claimed) start from the region's share
+	// records instead of warming up: after claiming its first epoch it
+	// waits until the previous replica can no longer write (see the package
+	// doc, "Warm start"), reads the records and adopts them (Core.Adopt),
+	// so its first report is published. A read that fails falls back to the
+	// warm-up. Default: none (always warm up).
+	Records RecordSource
+	// TakeoverMargin is added to the wait before adopting records: the
+	// bound on the clock difference between replicas of one region plus
+	// scheduling delays. Default: RetryInterval.
+	TakeoverMargin time.Duration
 }
 
 // Status is a snapshot of a Driver, for health checks.
@@ -174,6 +186,14 @@ type Driver struct {
 	unwritten []Update
 	retryAt   time.Time
 	cycle     time.Time // start of the current epoch's collection
+
+	// With a Fence: the last epoch claimed and when (see writeDeadline),
+	// and the pending warm start (adopt: Run read lastClaimed at readAt).
+	hasClaim  bool
+	claimed   int64
+	claimedAt time.Time
+	adopt     bool
+	readAt    time.Time
 
 	mu     sync.Mutex
 	status Status
@@ -216,6 +236,12 @@ func NewDriver(core *Core, cfg DriverConfig) (*Driver, error) {
 	}
 	if cfg.CatchUpEpochs < 0 {
 		return nil, fmt.Errorf("%w: driver: CatchUpEpochs %d is negative", ErrConfig, cfg.CatchUpEpochs)
+	}
+	if cfg.TakeoverMargin == 0 {
+		cfg.TakeoverMargin = cfg.RetryInterval
+	}
+	if cfg.TakeoverMargin < 0 {
+		return nil, fmt.Errorf("%w: driver: TakeoverMargin %v is negative", ErrConfig, cfg.TakeoverMargin)
 	}
 	d := &Driver{core: core, cfg: cfg, clock: cfg.Clock, log: cfg.Logger, epoch: cc.Epoch}
 	if d.clock == nil {
@@ -268,6 +294,11 @@ func (d *Driver) Run(ctx context.Context) error {
 			if next > last+1 {
 				d.log.Warn("rebalancer: epochs after the last claimed one are too old to collect", "last_claimed", last, "resume", next)
 			}
+			// A takeover: the previous replica claimed last, no later
+			// than now. (When epochs were skipped, which it may still
+			// be claiming is unknown: warm up.)
+			d.adopt = d.cfg.Records != nil && next == last+1 && !d.core.Adopted()
+			d.readAt = d.clock.Now()
 		}
 	}
 
@@ -393,6 +424,14 @@ func (d *Driver) apply(r *Report) {
 // was done), nil otherwise.
 func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
 	if d.cfg.Fence != nil {
+		if d.adopt {
+			// Before claiming: if the previous replica claims m meanwhile,
+			// the claim below fails and this Core is dropped.
+			d.adopt = false
+			d.warmStart(ctx, m)
+			now = d.clock.Now()
+		}
+		claimStart := d.clock.Now()
 		fctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
 		ok, err := d.cfg.Fence.Claim(fctx, m)
 		cancel()
@@ -404,6 +443,9 @@ func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
 			d.log.Info("rebalancer: epoch claimed by another replica; stopping", "epoch", m)
 			return fmt.Errorf("%w: epoch %d", ErrFenced, m)
 		}
+		// Before the claim took effect: a successor that reads the fence
+		// after it knows the claim started earlier (see warmStart).
+		d.hasClaim, d.claimed, d.claimedAt = true, m, claimStart
 	}
 	// The Core takes the epoch from the time: a past epoch is collected
 	// as at its normal collection time.
@@ -520,10 +562,77 @@ func (d *Driver) enqueue(ups []Update) {
 	}
 }
 
+// errWriteWindow: a fenced driver is past its write deadline.
+var errWriteWindow = errors.New("rebalancer: past the write deadline of the last claimed epoch; writing after the next claim")
+
+// writeDeadline is when a fenced driver stops starting writes until it
+// claims another epoch: the later of the time it would claim the epoch
+// after its last claimed one c (the end of epoch c+1 plus CollectDelay)
+// and MaxWait after it claimed c (for a catch-up collection, claimed late).
+// A replica taking over waits for it (see warmStart).
+func (d *Driver) writeDeadline() time.Time {
+	byEpoch := EpochStart(d.claimed+2, d.epoch).Add(d.cfg.CollectDelay)
+	byClaim := d.claimedAt.Add(d.core.Config().MaxWait)
+	if byClaim.After(byEpoch) {
+		return byClaim
+	}
+	return byEpoch
+}
+
+// warmStart adopts this region's share records when this driver takes over
+// from a replica whose last claimed epoch was m-1, read at d.readAt, before
+// claiming m. If the claim of m then succeeds, that replica claimed nothing
+// after m-1 (it would have claimed m or later, and the claim would fail),
+// and it started claiming m-1 before readAt; so it started its last write
+// before its write deadline, at most max(EpochStart(m+1)+CollectDelay,
+// readAt+MaxWait), and the write ended within IOTimeout. After that, plus
+// TakeoverMargin, the records are what the gateways enforce and nothing
+// else writes them. If the claim fails, the driver stops (ErrFenced) and
+// the adopted Core is never used. Failures leave the Core cold (warm-up),
+// which is always safe.
+func (d *Driver) warmStart(ctx context.Context, m int64) {
+	until := EpochStart(m+1, d.epoch).Add(d.cfg.CollectDelay)
+	if t := d.readAt.Add(d.core.Config().MaxWait); t.After(until) {
+		until = t
+	}
+	until = until.Add(d.cfg.IOTimeout + d.cfg.TakeoverMargin)
+	if wait := until.Sub(d.clock.Now()); wait > 0 {
+		c, stop := d.clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			stop()
+			return
+		case <-c:
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
+	recs, err := d.cfg.Records.Records(rctx)
+	cancel()
+	if err != nil {
+		d.log.Warn("rebalancer: share records not read; warming up", "epoch", m, "err", err)
+		return
+	}
+	ups, err := d.core.Adopt(d.clock.Now(), recs)
+	if err != nil {
+		d.log.Warn("rebalancer: share records not adopted; warming up", "epoch", m, "err", err)
+		return
+	}
+	d.enqueue(ups)
+	d.log.Info("rebalancer: took over with the region's share records", "epoch", m, "records", len(recs))
+}
+
 // flush writes the unwritten updates; on failure they stay for a retry.
+// A fenced driver past its write deadline writes nothing (see
+// writeDeadline): the updates wait for its next claim.
 func (d *Driver) flush(ctx context.Context) error {
 	if len(d.unwritten) == 0 {
 		return nil
+	}
+	if d.cfg.Fence != nil && d.hasClaim && !d.clock.Now().Before(d.writeDeadline()) {
+		d.retryAt = d.clock.Now().Add(d.cfg.RetryInterval)
+		n := len(d.unwritten)
+		d.setStatus(func(s *Status) { s.Unwritten, s.LastWriteError = n, errWriteWindow })
+		return errWriteWindow
 	}
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
 	err := d.cfg.Shares.Write(wctx, d.unwritten)

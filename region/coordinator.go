@@ -171,8 +171,9 @@ func New(cfg Config) (*Coordinator, error) {
 	return c, nil
 }
 
-// newDriver builds a term's epoch loop: a new Core (in warm-up, see the
-// rebalancer package doc), a new adapter on the shared bus (the caller
+// newDriver builds a term's epoch loop: a new Core (which adopts the
+// region's share records when the term takes over from another replica,
+// and warms up otherwise; see the rebalancer package doc), a new adapter on the shared bus (the caller
 // runs its consumer), and the fence.
 func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, error) {
 	core, err := rebalancer.New(c.rcfg, c.policies)
@@ -193,6 +194,7 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, error)
 		Logger:       c.log,
 		Observer:     c.loopObserver(),
 		Fence:        fenceOf{c.fence, c.name},
+		Records:      redisio.NewRecords(c.redis),
 	})
 	return d, adapter, err
 }
