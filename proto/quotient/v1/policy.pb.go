@@ -26,9 +26,10 @@ const (
 
 // PolicyRecord is one version of a policy or an override.
 //
-// Idempotency: records are keyed by (kind, id) on the compacted topic; a
-// receiver applies a record only when its version is above the version it
-// holds for (kind, id), so duplicates and replays change nothing.
+// Idempotency: records are keyed "kind/id/version" on the compacted topic,
+// so compaction keeps every version (the history and the audit log); a
+// receiver applies each (kind, id, version) once, so duplicates and replays
+// change nothing.
 type PolicyRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "policy" or "override".
