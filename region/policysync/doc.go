@@ -27,8 +27,9 @@
 // is counted in a metric.
 //
 // What it does not do: decide requests (package limiter) or validate writes
-// (package admin). Overrides reach the gateways (Reloader.Override) but the
-// limiter's Check does not consult them yet: that needs a hook in limiter.
+// (package admin). Overrides reach the gateways through Reloader.Override,
+// which a gateway passes as limiter.Config.Overrides (quotient gateway does
+// with --policy-source redis).
 //
 // Invariants: applying a record twice or out of order changes nothing
 // (admin.Catalog); a region's snapshot generation never goes down; a
