@@ -1,0 +1,68 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// BenchmarkSlidingLogSize measures what one sliding_window_log check costs
+// Redis as its log grows: the script loads the whole log (LRANGE) and
+// parses every entry, so its time grows with the number of entries, that
+// is up to the policy's limit. It reports the script's time per call as
+// Redis measures it (INFO commandstats, evalsha usec_per_call), which is
+// what other clients of the same Redis wait behind, and the caller's wall
+// time per check. The bound MaxSlidingLogLimit comes from these numbers.
+func BenchmarkSlidingLogSize(b *testing.B) {
+	for _, n := range []int{100, 1_000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
+			client := benchClient(b)
+			ctx := context.Background()
+			p := &Policy{ID: "swl", Algorithm: SlidingWindowLog, Limit: int64(n) * 10, WindowSec: 3600}
+			p.validateForBench()
+			l, err := New(Config{Store: NewRedisStore(client)}, []*Policy{p})
+			require.NoError(b, err)
+			subj := Subject{Kind: SubjectAPIKey, Value: "k"}
+			now := time.Now()
+			key := StateKey(subj, p)
+			vals := make([]any, 0, 1000)
+			for i := 0; i < n; {
+				vals = vals[:0]
+				for ; i < n && len(vals) < 1000; i++ {
+					vals = append(vals, fmt.Sprintf("%d:1", now.Add(-time.Minute).UnixMilli()+int64(i%1000)))
+				}
+				require.NoError(b, client.RPush(ctx, key, vals...).Err())
+			}
+			require.NoError(b, client.PExpire(ctx, key, time.Hour).Err())
+			// One call loads the script, outside the measurement.
+			_, err = l.CheckSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1)
+			require.NoError(b, err)
+			require.NoError(b, client.ConfigResetStat(ctx).Err())
+			b.ResetTimer()
+			for range b.N {
+				d, err := l.CheckSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1)
+				require.NoError(b, err)
+				require.True(b, d.Allowed)
+			}
+			b.StopTimer()
+			info, err := client.Info(ctx, "commandstats").Result()
+			require.NoError(b, err)
+			m := regexp.MustCompile(`cmdstat_evalsha:calls=(\d+),usec=(\d+),usec_per_call=([\d.]+)`).FindStringSubmatch(info)
+			require.NotNil(b, m, info)
+			perCall, err := strconv.ParseFloat(m[3], 64)
+			require.NoError(b, err)
+			b.ReportMetric(perCall, "redis_µs/check")
+		})
+	}
+}
+
+func (p *Policy) validateForBench() {
+	if err := p.Validate(); err != nil {
+		panic(err)
+	}
+}
