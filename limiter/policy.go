@@ -201,8 +201,8 @@ const (
 	// its log keeps one entry per admitted request and every check loads
 	// and sums the whole log, so a check's Redis time grows with the
 	// limit. On the 2-core development machine (loaded, Redis 7.0) one
-	// check at 100 entries took 0.26 ms of Redis time, at 1,000 entries
-	// 1.3 ms and at 10,000 entries 22 ms (BenchmarkSlidingLogSize); 1,000
+	// check at 100 entries took 0.25 ms of Redis time, at 1,000 entries
+	// 1.3 ms and at 10,000 entries 16-22 ms (BenchmarkSlidingLogSize); 1,000
 	// keeps the worst check well inside the 5 ms store deadline. Larger
 	// limits belong to sliding_window_counter, which keeps two counters.
 	MaxSlidingLogLimit = 1000

@@ -24,8 +24,11 @@ func BenchmarkSlidingLogSize(b *testing.B) {
 		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
 			client := benchClient(b)
 			ctx := context.Background()
-			p := &Policy{ID: "swl", Algorithm: SlidingWindowLog, Limit: int64(n) * 10, WindowSec: 3600}
+			p := &Policy{ID: "swl", Algorithm: SlidingWindowLog, Limit: 1, WindowSec: 3600}
 			p.validateForBench()
+			// Past MaxSlidingLogLimit on purpose, to measure what the bound
+			// keeps out: the parser would refuse this policy.
+			p.Limit = int64(n) * 10
 			l, err := New(Config{Store: NewRedisStore(client)}, []*Policy{p})
 			require.NoError(b, err)
 			subj := Subject{Kind: SubjectAPIKey, Value: "k"}
