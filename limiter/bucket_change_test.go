@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -215,4 +216,63 @@ func TestBucketStateBeforeTokens(t *testing.T) {
 	v, err := client.Get(ctx, StateKey(subj, p)).Result()
 	require.NoError(t, err)
 	assert.Len(t, v, 12, "rewritten in the new layout")
+}
+
+// TestBucketAgainstNaiveReference: on whole milliseconds, with the rate and
+// burst changing at random between decisions, the memory store admits
+// exactly what a naive token count admits: at each decision the bucket
+// holds min(burst, tokens at the last admission + elapsed since it x the
+// rate read now), and an admission takes its cost; rate 0 refills nothing.
+// (The store does not know when between two admissions a share or policy
+// changed, so the rate read at a decision counts from the last admission;
+// and a state left alone until it would be full at the rate of its last
+// admission, plus a second, has expired and is full.)
+func TestBucketAgainstNaiveReference(t *testing.T) {
+	for seed := range uint64(50) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		store := NewMemoryStore()
+		l, err := New(Config{Store: store}, []*Policy{bucketPolicy(t, TokenBucket, 1, 1, ScopeRegion)})
+		require.NoError(t, err)
+		subj := Subject{Kind: SubjectAPIKey, Value: "ref"}
+		rateMilli, burstMilli := int64(1000), int64(10_000)
+		// The reference: nano-tokens at the last admission, and its time.
+		lastTokens, lastMs, expireMs := burstMilli*nanoPerMilli, int64(0), int64(0)
+		nowMs := int64(0)
+		for step := range 300 {
+			if rng.IntN(5) == 0 {
+				rateMilli = pick[int64](rng, 0, 1, 500, 50_000, 1_000_000, rng.Int64N(2_000_000))
+			}
+			if rng.IntN(8) == 0 {
+				burstMilli = pick[int64](rng, 1000, 5_000, 100_000, 1000*(1+rng.Int64N(200)))
+			}
+			// The bucket is global so that a share record carries the rate,
+			// including 0, which no policy can state.
+			p := mustPolicy(t, fmt.Sprintf(`{"id":"r","algorithm":"token_bucket","rate_per_sec":1,"burst":%d,"scope":"global"}`, burstMilli/1000))
+			store.SetShare(at(nowMs), subj, "r", rateMilli, burstMilli, 0)
+			nowMs += pick[int64](rng, 0, 1, 7, 100, 1_000, rng.Int64N(60_000))
+			capN := burstMilli * nanoPerMilli
+			add := min((nowMs-lastMs)*1000*rateMilli, capN) // no overflow: both bounded
+			tokens := min(capN, lastTokens+add)
+			if nowMs >= expireMs {
+				tokens = capN // the state expired: full, as the rate of its write had it
+			}
+			cost := pick[int64](rng, 0, 1, 1, 2, 5, 20)
+			d, err := l.CheckSubjectAt(context.Background(), at(nowMs), subj, []*Policy{p}, cost)
+			require.NoError(t, err)
+			wantAdmit := cost*1000 <= burstMilli && tokens >= cost*nano
+			if wantAdmit && cost > 0 {
+				tokens -= cost * nano
+				lastTokens, lastMs = tokens, nowMs
+				fill := rateMilli
+				if fill == 0 {
+					fill = 1000 // the policy's own rate
+				}
+				expireMs = nowMs + ceilDiv(ceilDiv(capN-tokens, fill), 1000) + 1000
+			}
+			pd := d.Policies[0]
+			require.Equal(t, wantAdmit, d.Allowed, "seed %d step %d", seed, step)
+			require.Equal(t, tokens/nano, pd.Remaining, "seed %d step %d", seed, step)
+			require.Equal(t, !wantAdmit && (cost*1000 > burstMilli || rateMilli == 0), pd.Never, "seed %d step %d", seed, step)
+		}
+	}
 }
