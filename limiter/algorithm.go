@@ -29,13 +29,14 @@ import (
 // in force at the decision (a share, an override, an edited policy), so a
 // change of either carries the tokens that were left: a bucket emptied at
 // 500/s and cut to 50/s at the same instant holds nothing, and refills at
-// 50/s from there. (The store cannot know when between two decisions a
-// rate changed; the rate read at a decision applies since the last
-// write.) The state is kept at a
-// millisecond, not the decision's microsecond, so that it packs into 12
-// bytes in Redis (bucketPack): T is moved back to the millisecond's start
-// at the rate of the write, and a decision in the same millisecond at
-// another rate is off by less than one millisecond of refill.
+// 50/s from there; a smaller burst clamps, a larger one adds nothing. (The
+// store cannot know when between two admissions a rate changed: the rate
+// read at a decision applies since the last admission, the last write.)
+// The state is kept at a millisecond, not the decision's microsecond, so
+// that it packs into 12 bytes in Redis (see script.lua): T is moved back
+// to the millisecond's start at the rate of the write, and a decision in
+// the same millisecond at another rate is off by less than one millisecond
+// of refill.
 //
 // Rate 0 (only a share record can say so: the parser wants at least 0.001
 // tokens/s) means no refill: the bucket keeps what it holds, and a cost it
@@ -45,11 +46,13 @@ import (
 // peeks. Share records are clamped to the parser's bounds (rate 0 to
 // MaxRatePerSec, burst 0 to MaxBurst).
 //
-// A bucket's key expires when it would be full again, plus one second, so
-// an expired key is exactly a full bucket. At rate 0 it is never full
-// again; its key then lives (and its reset says) as long as it would take
-// to fill at the policy's own rate (rate_per_sec, or rate_per_sec / regions
-// for a global policy without a share record), after which it is full.
+// A bucket's key expires when it would be full again at the rate of its
+// last write, plus one second, so an expired key is exactly a full bucket
+// while the rate stays; a rate cut while the bucket is idle holds only
+// until then. At rate 0 a bucket is never full again; its key then lives
+// (and its reset says) as long as it would take to fill at the policy's
+// own rate (rate_per_sec; for a global policy its default share,
+// rate_per_sec / regions), after which it is full.
 
 // Bucket state bounds: share records are clamped to these (milli-units).
 const (
