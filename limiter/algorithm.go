@@ -321,7 +321,7 @@ func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) 
 	switch o.algo {
 	case TokenBucket, LeakyBucket:
 		rate, burst = bucketLimits(rate, burst)
-		if o.cost*1000 > burst {
+		if o.cost > burst/1000 { // cost x 1000 > burst, without overflow
 			return false, result{retryMs: -1}
 		}
 		capN := burst * nanoPerMilli
