@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -274,5 +275,20 @@ func TestBucketAgainstNaiveReference(t *testing.T) {
 			require.Equal(t, tokens/nano, pd.Remaining, "seed %d step %d", seed, step)
 			require.Equal(t, !wantAdmit && (cost*1000 > burstMilli || rateMilli == 0), pd.Never, "seed %d step %d", seed, step)
 		}
+	}
+}
+
+// TestHugeCostIsNever: a request cost so large that cost x 1000 would
+// overflow an int64 is rejected as never admissible, as the script (in
+// doubles) rejects it, not admitted by a wrapped multiplication.
+func TestHugeCostIsNever(t *testing.T) {
+	p := bucketPolicy(t, TokenBucket, 10, 10, ScopeRegion)
+	l, err := New(Config{}, []*Policy{p})
+	require.NoError(t, err)
+	for _, cost := range []int64{math.MaxInt64 / 999, math.MaxInt64/1000 + 1, math.MaxInt64} {
+		d, err := l.CheckSubjectAt(context.Background(), at(0), Subject{Kind: SubjectAPIKey, Value: "k"}, []*Policy{p}, cost)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "cost %d", cost)
+		require.True(t, d.Policies[0].Never, "cost %d", cost)
 	}
 }
