@@ -340,9 +340,9 @@ func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) 
 	case FixedWindow:
 		now := windowNow(o, s, nowUs)
 		if o.replicated() {
-			admit = s.total()+o.cost <= o.limit && (s.capv < 0 || s.countOf(o.region)+o.cost <= s.capv)
+			admit = o.cost <= o.limit-s.total() && (s.capv < 0 || o.cost <= s.capv-s.countOf(o.region))
 		} else {
-			admit = s.b+o.cost <= o.limit
+			admit = o.cost <= o.limit-s.b // b + cost <= limit, without overflow
 		}
 		if !admit {
 			if o.cost > o.limit {
@@ -376,7 +376,7 @@ func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) 
 		for _, le := range s.log {
 			total += le.cost
 		}
-		admit = total+o.cost <= o.limit
+		admit = o.cost <= o.limit-total
 		if !admit {
 			if o.cost > o.limit {
 				res.retryMs = -1

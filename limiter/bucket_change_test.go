@@ -278,17 +278,30 @@ func TestBucketAgainstNaiveReference(t *testing.T) {
 	}
 }
 
-// TestHugeCostIsNever: a request cost so large that cost x 1000 would
-// overflow an int64 is rejected as never admissible, as the script (in
-// doubles) rejects it, not admitted by a wrapped multiplication.
+// TestHugeCostIsNever: a request cost so large that the arithmetic on it
+// would overflow an int64 (cost x 1000 for buckets, count + cost for
+// windows) is rejected as never admissible, as the script (in doubles)
+// rejects it, not admitted by a wrapped sum.
 func TestHugeCostIsNever(t *testing.T) {
-	p := bucketPolicy(t, TokenBucket, 10, 10, ScopeRegion)
-	l, err := New(Config{}, []*Policy{p})
-	require.NoError(t, err)
-	for _, cost := range []int64{math.MaxInt64 / 999, math.MaxInt64/1000 + 1, math.MaxInt64} {
-		d, err := l.CheckSubjectAt(context.Background(), at(0), Subject{Kind: SubjectAPIKey, Value: "k"}, []*Policy{p}, cost)
+	for _, doc := range []string{
+		`{"id":"tb","algorithm":"token_bucket","rate_per_sec":10,"burst":10}`,
+		`{"id":"fw","algorithm":"fixed_window","limit":10,"window_s":60}`,
+		`{"id":"fg","algorithm":"fixed_window","limit":10,"window_s":60,"scope":"global"}`,
+		`{"id":"sl","algorithm":"sliding_window_log","limit":10,"window_s":60}`,
+		`{"id":"sc","algorithm":"sliding_window_counter","limit":10,"window_s":60}`,
+	} {
+		p := mustPolicy(t, doc)
+		l, err := New(Config{Region: "us-east"}, []*Policy{p})
 		require.NoError(t, err)
-		require.False(t, d.Allowed, "cost %d", cost)
-		require.True(t, d.Policies[0].Never, "cost %d", cost)
+		subj := Subject{Kind: SubjectAPIKey, Value: "k"}
+		d, err := l.CheckSubjectAt(context.Background(), at(0), subj, []*Policy{p}, 1) // state to add to
+		require.NoError(t, err)
+		require.True(t, d.Allowed, p.ID)
+		for _, cost := range []int64{math.MaxInt64 / 999, math.MaxInt64/1000 + 1, math.MaxInt64 - 1, math.MaxInt64} {
+			d, err := l.CheckSubjectAt(context.Background(), at(0), subj, []*Policy{p}, cost)
+			require.NoError(t, err)
+			require.False(t, d.Allowed, "%s: cost %d", p.ID, cost)
+			require.True(t, d.Policies[0].Never, "%s: cost %d", p.ID, cost)
+		}
 	}
 }
