@@ -17,13 +17,18 @@ import (
 const regionModule = "../../deploy/terraform/modules/region"
 
 // coordinatorEnv returns the environment variable of every flag of
-// `quotient coordinator`, and those of the flags a deployment must set:
+// `quotient coordinator` and every secret variable it reads, and those of the flags a deployment must set:
 // the ones documented as required, and redis and kafka, whose defaults are
 // loopback addresses for local runs only.
 func coordinatorEnv(t *testing.T) (known map[string]bool, required []string) {
 	t.Helper()
 	fs := coordinatorFlagSet(&coordinatorConfig{})
 	known = map[string]bool{}
+	// The secrets are environment variables and no flags (a flag value
+	// shows in ps); the modules pass them as ECS secrets.
+	for _, name := range secretEnv {
+		known[name] = true
+	}
 	fs.VisitAll(func(f *flag.Flag) {
 		known[envName(f.Name)] = true
 		if strings.Contains(f.Usage, "(required)") || f.Name == "redis" || f.Name == "kafka" {
