@@ -54,6 +54,12 @@ func TestTerraformCoordinatorSettingsAreFlags(t *testing.T) {
 	problems, err := terraform.CheckCoordinatorEnv(regionModule, func(name string) bool { return known[name] }, required)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
+
+	// Every resource that requires TLS (or SCRAM) of its clients gets the
+	// coordinator's setting for it, and the admin API gets listener TLS.
+	problems, err = terraform.CheckTransportSecurity(regionModule, regionModule, "../../deploy/terraform/modules/kafka")
+	require.NoError(t, err)
+	assert.Empty(t, problems)
 }
 
 // TestTerraformCoordinatorSettingsBroken breaks a copy of the module: a

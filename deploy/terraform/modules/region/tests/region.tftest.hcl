@@ -33,6 +33,9 @@ variables {
   coordinator_image          = "repo/quotient:v1"
   kafka_bootstrap_brokers    = ["b-1:9094"]
   admin_tokens_secret_arn    = "arn:aws:secretsmanager:us-east-1:123456789012:secret:quotient-admin-AbCdEf"
+
+  coordinator_tls_cert_secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:quotient-tls-cert-AbCdEf"
+  coordinator_tls_key_secret_arn  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:quotient-tls-key-AbCdEf"
 }
 
 run "settings" {
