@@ -267,3 +267,53 @@ func TestGatewayStartupMisconfiguration(t *testing.T) {
 		assert.NotContains(t, stdout.String(), "listening on")
 	}
 }
+
+// TestAdminAPIOverTLSWithClientCertificates: `quotient coordinator` with
+// the settings an operator passes (listener certificate and key, client
+// CA, --admin-client-cert) serves the admin API over TLS; `quotient admin`
+// with the CA and a client certificate reads it, without the certificate
+// it gets 403, and the health check needs no certificate.
+func TestAdminAPIOverTLSWithClientCertificates(t *testing.T) {
+	p := startSecureParts(t)
+	const tok = "admin-token-0123456789"
+	operator := p.ca.Client(t, "operator")
+	listen := freeAddr(t)
+	vars := p.coordinatorVars(t, "a", listen, writePolicies(t, globalPolicy))
+	maps.Copy(vars, map[string]string{
+		"QUOTIENT_REGIONS": "a", "QUOTIENT_ADMIN_TOKENS_FILE": gwFile(t, p.dir, "tokens", "ops admin "+tok+"\n"),
+		"QUOTIENT_LISTEN_TLS_CLIENT_CA": p.ca.CertFile, "QUOTIENT_ADMIN_CLIENT_CERT": "true",
+	})
+	errb := runCoordinatorProc(t, vars)
+
+	https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: p.ca.ClientConfig(t, nil)}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := https.Get("https://" + listen + "/readyz")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "not ready over TLS within 30 s: %v\n%s", err, errb)
+		time.Sleep(50 * time.Millisecond) // polling readiness against a deadline
+	}
+	admin := func(args ...string) (int, string, string) {
+		out, e := &syncBuffer{}, &syncBuffer{}
+		env := environment{stdout: out, stderr: e, lookupEnv: func(k string) (string, bool) {
+			v, ok := map[string]string{"QUOTIENT_SERVER": "https://" + listen, "QUOTIENT_TOKEN": tok}[k]
+			return v, ok
+		}}
+		code := run(t.Context(), env, append([]string{"admin"}, args...))
+		return code, out.String(), e.String()
+	}
+	code, out, e := admin("--tls-ca", p.ca.CertFile, "--tls-cert", operator.CertFile, "--tls-key", operator.KeyFile, "list")
+	assert.Equal(t, 0, code, e)
+	assert.Contains(t, out, "policies")
+	code, _, e = admin("--tls-ca", p.ca.CertFile, "list")
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, e, "403")
+	code, _, e = admin("list")
+	assert.NotEqual(t, 0, code, "the system roots do not trust the test CA")
+	assert.Contains(t, e, "certificate")
+}
