@@ -53,6 +53,7 @@ type gatewayConfig struct {
 	instances, usageShards, pipeline                                        int
 	eventSample                                                             float64
 	redisSec                                                                redisSecurity // TLS and AUTH to Redis (transport.go)
+	redisCluster                                                            bool          // --redis is one cluster configuration endpoint
 }
 
 func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
@@ -82,6 +83,7 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 	fs.IntVar(&c.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (must match the coordinator)")
 	fs.Float64Var(&c.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
 	c.redisSec.register(fs)
+	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "--redis is a single Redis Cluster configuration endpoint (ElastiCache cluster mode, as deploy/terraform creates)")
 	fs.IntVar(&c.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return nil, err
@@ -164,7 +166,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	regionReg := prometheus.WrapRegistererWith(prometheus.Labels{"region": cfg.region}, reg)
 
-	redisOpts, err := cfg.redisSec.options(cfg.redis, false, env.lookupEnv)
+	redisOpts, err := cfg.redisSec.options(cfg.redis, cfg.redisCluster, env.lookupEnv)
 	if err != nil {
 		return err
 	}

@@ -317,3 +317,28 @@ func TestAdminAPIOverTLSWithClientCertificates(t *testing.T) {
 	assert.NotEqual(t, 0, code, "the system roots do not trust the test CA")
 	assert.Contains(t, e, "certificate")
 }
+
+// TestGatewayOnTLSClusterEndpoint: the gateway given one node of a TLS
+// Redis Cluster as its configuration endpoint (--redis-cluster, as for
+// ElastiCache cluster mode), with a client certificate and an AUTH token
+// from a file, decides against the cluster: the burst of 5 admits exactly
+// 5 (a standalone client would meet MOVED for slots on other nodes and
+// fall back to the in-process limit, which admits 10) and no store error.
+func TestGatewayOnTLSClusterEndpoint(t *testing.T) {
+	p := startSecureParts(t)
+	up := upstream(t)
+	base, stderr, _ := startGateway(t, "--upstream", up.URL, "--redis", "rediss://"+p.redisB.Addrs()[0], "--redis-cluster",
+		"--redis-tls-ca", p.ca.CertFile, "--redis-tls-cert", p.clientPair.CertFile, "--redis-tls-key", p.clientPair.KeyFile,
+		"--redis-password-file", gwFile(t, p.dir, "token", redisBPassword),
+		"--policies", gwFile(t, p.dir, "p.json", gatewayPolicies), "--keys", gwFile(t, p.dir, "k.json", gatewayKeys),
+		"--timeout", "1s", "--region", "b")
+	c := &http.Client{Timeout: 10 * time.Second}
+	var codes []int
+	for range 8 {
+		resp, _ := get(t, c, base+"/v1/orders", map[string]string{"X-API-Key": "k1"})
+		codes = append(codes, resp.StatusCode)
+	}
+	assert.Equal(t, []int{200, 200, 200, 200, 200, 429, 429, 429}, codes, stderr.String())
+	_, metrics := get(t, c, base+"/metrics", nil)
+	assert.Contains(t, string(metrics), `quotient_limiter_store_errors_total{region="b"} 0`)
+}

@@ -259,3 +259,23 @@ func copyFile(t *testing.T, from, to string) {
 	require.NoError(t, os.WriteFile(tmp, data, 0o600))
 	require.NoError(t, os.Rename(tmp, to))
 }
+
+// TestReloaderOffersALPN: the protocols given to NewReloader are offered on
+// every handshake (gRPC servers need "h2"), rotation included.
+func TestReloaderOffersALPN(t *testing.T) {
+	ca := tlstest.NewCA(t, "test")
+	pair := ca.Server(t, "grpc")
+	r, err := tlsconfig.NewReloader(tlsconfig.Server{CertFile: pair.CertFile, KeyFile: pair.KeyFile}, nil, "h2")
+	require.NoError(t, err)
+	addr := serve(t, r.TLSConfig())
+	client := ca.ClientConfig(t, nil)
+	client.NextProtos = []string{"h2"}
+	for range 2 {
+		c, err := tls.Dial("tcp", addr, client)
+		require.NoError(t, err)
+		assert.Equal(t, "h2", c.ConnectionState().NegotiatedProtocol)
+		_ = c.Close()
+		copyFile(t, ca.Server(t, "grpc2").CertFile, pair.CertFile)
+		copyFile(t, filepath.Join(filepath.Dir(pair.KeyFile), "grpc2-key.pem"), pair.KeyFile)
+	}
+}
