@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/quotientlabs/quotient/internal/kafkautil"
+	"github.com/quotientlabs/quotient/internal/kafkautil/mskiam"
 	"github.com/quotientlabs/quotient/internal/redisconn"
 	"github.com/quotientlabs/quotient/internal/tlsconfig"
 )
@@ -146,11 +147,15 @@ func tlsBlame(err error, useTLS bool, tlsFlag, caFlag, nameFlag, certFlag string
 	return "", ""
 }
 
+// mskIAM is the --kafka-sasl value of AWS MSK IAM access control.
+const mskIAM = "AWS_MSK_IAM"
+
 // kafkaSecurity are the TLS and SASL flags of the Kafka clients.
 type kafkaSecurity struct {
 	tls                       bool
 	ca, serverName, cert, key string
 	mechanism, user, pwFile   string
+	awsRegion                 string
 }
 
 func (k *kafkaSecurity) register(fs *flag.FlagSet) {
@@ -159,7 +164,8 @@ func (k *kafkaSecurity) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.serverName, "kafka-tls-server-name", "", "name the brokers' certificates must carry (default: each broker's host)")
 	fs.StringVar(&k.cert, "kafka-tls-cert", "", "PEM client certificate for brokers that authenticate clients by TLS (with --kafka-tls-key)")
 	fs.StringVar(&k.key, "kafka-tls-key", "", "PEM key of --kafka-tls-cert")
-	fs.StringVar(&k.mechanism, "kafka-sasl", "", "SASL mechanism: SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (PLAIN only with --kafka-tls); empty: no SASL")
+	fs.StringVar(&k.mechanism, "kafka-sasl", "", "SASL mechanism: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN (PLAIN only with --kafka-tls) or AWS_MSK_IAM (MSK IAM access control, port 9098, with --kafka-tls; credentials from the AWS default chain, e.g. the ECS task role); empty: no SASL")
+	fs.StringVar(&k.awsRegion, "kafka-aws-region", "", "AWS region of the MSK cluster, for --kafka-sasl AWS_MSK_IAM (default: $AWS_REGION)")
 	fs.StringVar(&k.user, "kafka-sasl-user", "", "SASL user name (with --kafka-sasl)")
 	fs.StringVar(&k.pwFile, "kafka-sasl-password-file", "", "file holding the SASL password (default: the environment variable "+envKafkaSASLPassword+")")
 }
@@ -184,6 +190,22 @@ func (k *kafkaSecurity) config(lookupEnv func(string) (string, bool)) (*tls.Conf
 	}
 	if !k.tls && (k.mechanism == "PLAIN" || k.mechanism == "plain") {
 		return nil, nil, errors.New("--kafka-sasl PLAIN sends the password in the clear: it needs --kafka-tls")
+	}
+	if strings.EqualFold(k.mechanism, mskIAM) {
+		switch {
+		case !k.tls:
+			return nil, nil, errors.New("--kafka-sasl AWS_MSK_IAM needs --kafka-tls: MSK serves IAM on its TLS port 9098")
+		case k.user != "" || k.pwFile != "":
+			return nil, nil, errors.New("--kafka-sasl AWS_MSK_IAM takes no --kafka-sasl-user or password: it signs with the AWS credentials")
+		}
+		region := k.awsRegion
+		if region == "" && lookupEnv != nil {
+			region, _ = lookupEnv("AWS_REGION")
+		}
+		if region == "" {
+			return nil, nil, errors.New("--kafka-sasl AWS_MSK_IAM needs --kafka-aws-region (or AWS_REGION)")
+		}
+		return cfg, mskiam.Mechanism{Region: region}, nil
 	}
 	pw, err := tlsconfig.Secret{File: k.pwFile, Env: envKafkaSASLPassword}.Read(lookupEnv)
 	if err != nil {
@@ -218,6 +240,9 @@ func checkKafka(ctx context.Context, brokers []string, tlsCfg *tls.Config, mech 
 	err = cl.Check(ctx)
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, kafkautil.ErrAuth) && strings.EqualFold(k.mechanism, mskIAM) {
+		return fmt.Errorf("--kafka-sasl AWS_MSK_IAM: Kafka refused the IAM authentication (the AWS credentials or their kafka-cluster:Connect permission): %v", err)
 	}
 	if errors.Is(err, kafkautil.ErrAuth) {
 		src := envKafkaSASLPassword

@@ -342,3 +342,49 @@ func TestGatewayOnTLSClusterEndpoint(t *testing.T) {
 	_, metrics := get(t, c, base+"/metrics", nil)
 	assert.Contains(t, string(metrics), `quotient_limiter_store_errors_total{region="b"} 0`)
 }
+
+// TestCoordinatorMSKIAM: --kafka-sasl AWS_MSK_IAM signs a token with the
+// AWS credentials (static ones from the environment here, no network) and
+// offers SASL OAUTHBEARER; kfake only knows PLAIN and SCRAM, so the
+// handshake is refused, and the coordinator says so in one line at start.
+// The flag checks need TLS and a region.
+func TestCoordinatorMSKIAM(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	t.Setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+	p := startSecureParts(t)
+	for _, tc := range []struct {
+		name   string
+		change map[string]string
+		code   int
+		want   string
+	}{
+		{"refused by a broker without IAM", map[string]string{"QUOTIENT_KAFKA_AWS_REGION": "eu-west-1"}, 1, "--kafka-sasl AWS_MSK_IAM: Kafka refused the IAM authentication"},
+		{"no region", nil, 2, "needs --kafka-aws-region"},
+		{"no TLS", map[string]string{"QUOTIENT_KAFKA_AWS_REGION": "eu-west-1", "QUOTIENT_KAFKA_TLS": "false", "QUOTIENT_KAFKA_TLS_CA": ""}, 2, "needs --kafka-tls"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vars := p.coordinatorVars(t, "a", "127.0.0.1:0", writePolicies(t, globalPolicy))
+			vars["QUOTIENT_KAFKA_SASL"] = "AWS_MSK_IAM"
+			delete(vars, "QUOTIENT_KAFKA_SASL_USER")
+			delete(vars, "QUOTIENT_KAFKA_SASL_PASSWORD_FILE")
+			maps.Copy(vars, tc.change)
+			for k, v := range vars {
+				if v == "" {
+					delete(vars, k)
+				}
+			}
+			env, errb := coordinatorEnvOf(vars)
+			ctx, cancel := context.WithTimeout(t.Context(), startupCheckTimeout+20*time.Second)
+			defer cancel()
+			code := run(ctx, env, []string{"coordinator"})
+			require.NoError(t, ctx.Err(), "the coordinator ran instead of failing: %s", errb.String())
+			assert.Equal(t, tc.code, code, errb.String())
+			lines := exitLine.FindAllString(errb.String(), -1)
+			require.Len(t, lines, 1, "one line: %s", errb.String())
+			assert.Contains(t, lines[0], tc.want)
+			t.Log(lines[0])
+		})
+	}
+}

@@ -26,10 +26,9 @@
 //     its readers' Dialer) uses Config.TLS and Config.SASL; NewSASL builds
 //     PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512, and Cluster.Check tells a
 //     TLS failure, a refused SASL authentication and an outage apart at
-//     start-up. AWS MSK IAM is not offered: AWS maintains a Go signer
-//     (github.com/aws/aws-msk-iam-sasl-signer-go, on the module proxy),
-//     but it brings the AWS SDK and no test here can exercise it; MSK's
-//     SCRAM (credentials in Secrets Manager) covers the deployment.
+//     start-up. AWS MSK IAM (SASL OAUTHBEARER with a token from AWS's
+//     signer) is in the subpackage mskiam, so that only the binaries that
+//     offer it link the AWS SDK.
 //   - The settings every bus shares, defaulted and checked in one place
 //     (BusConfig.Fill), and the MirrorMaker 2 topic names (MirroredTopics).
 //

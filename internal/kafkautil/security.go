@@ -21,8 +21,8 @@ const (
 
 // NewSASL returns the SASL mechanism of that name (PLAIN, SCRAM-SHA-256 or
 // SCRAM-SHA-512, case-insensitive) for user and password, for Config.SASL.
-// PLAIN sends the password as is: use it over TLS only. AWS MSK IAM is not
-// offered (see the package doc). Errors wrap ErrConfig and name what is
+// PLAIN sends the password as is: use it over TLS only. AWS MSK IAM is
+// mskiam.Mechanism. Errors wrap ErrConfig and name what is
 // wrong, never the password.
 func NewSASL(mechanism, user, password string) (sasl.Mechanism, error) {
 	if user == "" {
