@@ -53,7 +53,9 @@ func httpsGet(t *testing.T, url string, tlsCfg *tls.Config, token bool) (int, st
 // reports and writes an admin policy through the policy log (Kafka over
 // TLS and SASL) into Redis (over TLS, as alice); /healthz needs no client
 // certificate, the admin API does; a plaintext request to the port is
-// refused; the listener's certificate rotates without a restart.
+// refused; the listener's certificate rotates without a restart; and when
+// Redis refuses the credentials after start, /readyz is not ready and says
+// why.
 func TestCoordinatorOverTLS(t *testing.T) {
 	ca := tlstest.NewCA(t, "quotient")
 	redisPair, brokerPair, listenPair := ca.Server(t, "redis"), ca.Server(t, "kafka"), ca.Server(t, "coordinator")
@@ -156,6 +158,15 @@ func TestCoordinatorOverTLS(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, "coordinator-rotated", cn)
 	assert.Empty(t, reloadErrs)
+
+	// Credentials that stop working after start (alice's password
+	// changed, her connections closed): /readyz says not ready and why.
+	require.NoError(t, srv.Client().Do(t.Context(), "ACL", "SETUSER", "alice", "resetpass", ">rotated-pw").Err())
+	require.NoError(t, srv.Client().Do(t.Context(), "CLIENT", "KILL", "USER", "alice").Err())
+	until(t, wait, "not ready once AUTH is refused", func() bool {
+		code, body, _ := httpsGet(t, base+"/readyz", noCert, false)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "WRONGPASS")
+	})
 }
 
 // replace copies from over to through a rename, as a certificate manager
