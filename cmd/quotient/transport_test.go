@@ -211,6 +211,11 @@ func TestCoordinatorStartupMisconfiguration(t *testing.T) {
 		{"password in the address", map[string]string{"QUOTIENT_REDIS": "rediss://quotient:" + redisAPassword + "@" + p.redisA.Addr()}, 2, []string{"--redis", "holds a password"}},
 		{"admin API in the clear", map[string]string{"QUOTIENT_LISTEN": "0.0.0.0:0", "QUOTIENT_LISTEN_TLS_CERT": "", "QUOTIENT_LISTEN_TLS_KEY": "",
 			"QUOTIENT_ADMIN_TOKENS_FILE": gwFile(t, p.dir, "tokens", "ops admin 0123456789abcdef0123\n")}, 2, []string{"--listen", "--listen-tls-cert", "--admin-insecure"}},
+		{"TLS files without TLS", map[string]string{"QUOTIENT_REDIS": p.redisA.Addr()}, 2, []string{"need --redis-tls"}},
+		{"user without password", map[string]string{envRedisPassword: ""}, 2, []string{`--redis-user "quotient" needs a password`}},
+		{"SASL without user", map[string]string{"QUOTIENT_KAFKA_SASL_USER": ""}, 2, []string{"--kafka-sasl SCRAM-SHA-512 needs --kafka-sasl-user"}},
+		{"unknown SASL", map[string]string{"QUOTIENT_KAFKA_SASL": "GSSAPI"}, 2, []string{"--kafka-sasl", `"GSSAPI"`}},
+		{"client CA without listener TLS", map[string]string{"QUOTIENT_LISTEN_TLS_CERT": "", "QUOTIENT_LISTEN_TLS_KEY": "", "QUOTIENT_LISTEN_TLS_CLIENT_CA": p.ca.CertFile}, 2, []string{"--listen-tls-client-ca"}},
 		{"PLAIN without TLS", map[string]string{"QUOTIENT_KAFKA_TLS": "false", "QUOTIENT_KAFKA_TLS_CA": "", "QUOTIENT_KAFKA_SASL": "PLAIN"}, 2, []string{"--kafka-sasl PLAIN", "--kafka-tls"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -98,3 +98,40 @@ func TestNewSASLRejects(t *testing.T) {
 	_, err = kafkautil.NewSASL("PLAIN", "u", "")
 	assert.ErrorContains(t, err, "password is empty")
 }
+
+// TestTLSClientCertificates: brokers that require client certificates
+// accept a Cluster with one signed by their CA and refuse one without.
+func TestTLSClientCertificates(t *testing.T) {
+	ca := tlstest.NewCA(t, "kafka")
+	pair := ca.Server(t, "broker")
+	client := ca.Client(t, "coordinator")
+	cert, err := tls.LoadX509KeyPair(pair.CertFile, pair.KeyFile)
+	require.NoError(t, err)
+	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.TLS(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool()}))
+	require.NoError(t, err)
+	t.Cleanup(fake.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		files tlsconfig.Client
+		ok    bool
+	}{
+		{tlsconfig.Client{CAFile: ca.CertFile, CertFile: client.CertFile, KeyFile: client.KeyFile}, true},
+		{tlsconfig.Client{CAFile: ca.CertFile}, false},
+	} {
+		tlsCfg, err := tc.files.Config()
+		require.NoError(t, err)
+		cfg := kafkautil.DefaultConfig(fake.ListenAddrs()...)
+		cfg.TLS = tlsCfg
+		cl, err := kafkautil.New(cfg)
+		require.NoError(t, err)
+		err = cl.Check(ctx)
+		if tc.ok {
+			assert.NoError(t, err)
+		} else {
+			assert.Equal(t, tlsconfig.CauseClientCert, tlsconfig.Diagnose(err), "%v", err)
+		}
+		_ = cl.Close()
+	}
+}
