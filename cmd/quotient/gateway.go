@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotientlabs/quotient/internal/redisconn"
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/limiter/httplimit"
 	"github.com/quotientlabs/quotient/region/policysync"
@@ -51,6 +52,8 @@ type gatewayConfig struct {
 	timeout, reload, epoch, maxDelay, shutdown, policyInterval              time.Duration
 	instances, usageShards, pipeline                                        int
 	eventSample                                                             float64
+	redisSec                                                                redisSecurity // TLS and AUTH to Redis (transport.go)
+	redisCluster                                                            bool          // --redis is one cluster configuration endpoint
 }
 
 func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
@@ -79,6 +82,8 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 	fs.IntVar(&c.instances, "instances", 1, "gateway instances in the region (local fallbacks get rate / instances)")
 	fs.IntVar(&c.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (must match the coordinator)")
 	fs.Float64Var(&c.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
+	c.redisSec.register(fs)
+	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "--redis is a single Redis Cluster configuration endpoint (ElastiCache cluster mode, as deploy/terraform creates)")
 	fs.IntVar(&c.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return nil, err
@@ -161,7 +166,14 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	regionReg := prometheus.WrapRegistererWith(prometheus.Labels{"region": cfg.region}, reg)
 
-	client := newRedisClient(splitList(cfg.redis))
+	redisOpts, err := cfg.redisSec.options(cfg.redis, cfg.redisCluster, env.lookupEnv)
+	if err != nil {
+		return err
+	}
+	if err := checkRedis(ctx, redisOpts, &cfg.redisSec, log); err != nil {
+		return err
+	}
+	client := newRedisClient(redisOpts)
 	defer client.Close()
 	lcfg := limiter.DefaultConfig()
 	if cfg.pipeline > 0 {
@@ -314,12 +326,11 @@ func (h *overrideHook) Override(subject limiter.Subject, policyID string, now ti
 }
 
 // newRedisClient is a standalone client for one address, a cluster client
-// for several. Context deadlines bound every call (the limiter's deadline).
-func newRedisClient(addrs []string) redis.UniversalClient {
-	if len(addrs) == 1 {
-		return redis.NewClient(&redis.Options{Addr: addrs[0], ContextTimeoutEnabled: true})
-	}
-	return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+// for several, with o's TLS and AUTH. Context deadlines bound every call
+// (the limiter's deadline).
+func newRedisClient(o redisconn.Options) redis.UniversalClient {
+	o.ContextTimeout = true
+	return o.New()
 }
 
 // loadKeys reads the --keys file strictly: a JSON object of API key ->
