@@ -50,7 +50,7 @@ type gatewayConfig struct {
 	listen, upstream, redis, policies, keys, trusted, region, metricsListen string
 	regions                                                                 string // comma list; "" = the coordinator's record
 	policySource                                                            string // "file" or "redis"
-	timeout, reload, epoch, maxDelay, shutdown, policyInterval              time.Duration
+	timeout, reload, epoch, maxDelay, shutdown, policyInterval, usageFlush  time.Duration
 	instances, usageShards, pipeline                                        int
 	eventSample                                                             float64
 }
@@ -77,6 +77,7 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Millisecond, "deadline of every Redis call; no request waits longer (plus scheduling)")
 	fs.DurationVar(&c.reload, "reload-interval", 5*time.Second, "how often the policies file is checked for changes (mtime and size)")
 	fs.DurationVar(&c.epoch, "epoch", 10*time.Second, "usage epoch of global policies, shared with the coordinator")
+	fs.DurationVar(&c.usageFlush, "usage-flush", time.Second, "how often the usage of global policies is written to Redis for the coordinator; keep it well below the coordinator's --collect-delay, or an epoch's last usage is read an epoch late")
 	fs.DurationVar(&c.maxDelay, "max-delay", 5*time.Second, "longest a shaped (leaky bucket) request is held")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 10*time.Second, "how long in-flight requests get on shutdown")
 	fs.IntVar(&c.instances, "instances", 1, "gateway instances in the region (local fallbacks get rate / instances)")
@@ -101,6 +102,8 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 		return nil, fmt.Errorf("--policy-interval must be > 0, got %v", c.policyInterval)
 	case c.timeout <= 0:
 		return nil, fmt.Errorf("--timeout must be > 0, got %v", c.timeout)
+	case c.usageFlush <= 0:
+		return nil, fmt.Errorf("--usage-flush must be > 0, got %v", c.usageFlush)
 	case c.reload <= 0:
 		return nil, fmt.Errorf("--reload-interval must be > 0, got %v", c.reload)
 	case c.instances < 1:
@@ -235,7 +238,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 		hook.r.Store(reloader)
 	}
 
-	flusher := limiter.NewUsageFlusher(l, limiter.NewRedisUsageSink(client, cfg.usageShards, cfg.epoch, 3), limiter.UsageFlusherConfig{Logger: log})
+	flusher := limiter.NewUsageFlusher(l, limiter.NewRedisUsageSink(client, cfg.usageShards, cfg.epoch, 3), limiter.UsageFlusherConfig{Interval: cfg.usageFlush, Logger: log})
 	flusher.Start()
 	defer flusher.Stop()
 
