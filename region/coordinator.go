@@ -315,6 +315,7 @@ func (c *Coordinator) run(ctx context.Context) error {
 	// admin writes in flight) last.
 	lctx, lcancel := context.WithCancel(ctx)
 	var lwg sync.WaitGroup
+	lwg.Go(func() { c.publishRegionSet(lctx) })
 	if c.cfg.PolicyLog {
 		lwg.Go(func() { c.retry(lctx, "policy log follower", c.followPolicies) })
 		lwg.Go(func() { _ = c.mat.Run(lctx) })
