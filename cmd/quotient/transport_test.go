@@ -150,7 +150,7 @@ func TestTransportSecurityEndToEnd(t *testing.T) {
 	up := upstream(t)
 	base, gwErr, _ := startGateway(t, "--upstream", up.URL, "--redis", "rediss://"+p.redisA.Addr(), "--redis-tls-ca", p.ca.CertFile,
 		"--redis-user", redisAUser, "--redis-password-file", gwFile(t, p.dir, "gw-pw", redisAPassword),
-		"--policies", policies, "--keys", gwFile(t, p.dir, "k.json", gatewayKeys), "--timeout", "1s", "--region", "a", "--epoch", "1s")
+		"--policies", policies, "--keys", gwFile(t, p.dir, "k.json", gatewayKeys), "--timeout", "1s", "--region", "a", "--regions", "a,b", "--epoch", "1s")
 
 	https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: p.ca.ClientConfig(t, nil)}}
 	scrape := func(addr string) string {
@@ -336,7 +336,7 @@ func TestGatewayOnTLSClusterEndpoint(t *testing.T) {
 		"--redis-tls-ca", p.ca.CertFile, "--redis-tls-cert", p.clientPair.CertFile, "--redis-tls-key", p.clientPair.KeyFile,
 		"--redis-password-file", gwFile(t, p.dir, "token", redisBPassword),
 		"--policies", gwFile(t, p.dir, "p.json", gatewayPolicies), "--keys", gwFile(t, p.dir, "k.json", gatewayKeys),
-		"--timeout", "1s", "--region", "b")
+		"--timeout", "1s", "--region", "b", "--regions", "a,b")
 	c := &http.Client{Timeout: 10 * time.Second}
 	var codes []int
 	for range 8 {
