@@ -111,6 +111,7 @@ type Stats struct {
 	Duplicates     int64 // duplicate reports ignored
 	Conflicts      int64 // conflicting reports ignored
 	Stale          int64 // stale reports ignored
+	Future         int64 // reports rejected by ReceiveAt: epoch beyond what clock skew allows
 	UnknownPolicy  int64 // key-epochs skipped: policy unknown
 	InvalidPolicy  int64 // key-epochs skipped: limit invalid or regions count != len(Regions)
 	InvalidShare   int64 // key-epochs whose share computation failed (share kept)
@@ -341,9 +342,30 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 	return out, nil
 }
 
+// ReceiveAt is Receive for a report taken from the bus at now (the
+// receiver's clock): a report whose epoch is after now's epoch is refused
+// as Future and counted (Stats.Future), and changes nothing. By the clock
+// assumption of the package doc (clocks differ by less than one epoch) a
+// region publishes its report of epoch m after the end of m on its clock,
+// which is after the start of m on every other region's clock; a report of
+// a later epoch comes from a clock outside that assumption or is corrupt,
+// and accepting it would make it the region's latest report for good (the
+// region's real reports would then be stale or never newest, and this
+// region would stay in fallback). Drivers call ReceiveAt.
+func (c *Core) ReceiveAt(now time.Time, r *Report) (Receipt, error) {
+	if r != nil && r.Epoch > EpochOf(now, c.cfg.Epoch) {
+		if _, ok := c.index[r.Region]; ok && r.Region != c.cfg.Region {
+			c.stats.Future++
+			return Future, nil
+		}
+	}
+	return c.Receive(r)
+}
+
 // Receive stores a report from the bus. Duplicates, conflicting resends and
 // stale reports change nothing (see Receipt). The Core keeps r.Keys: the
-// caller must not modify them afterwards.
+// caller must not modify them afterwards. Receive does not check the
+// report's epoch against a clock: drivers use ReceiveAt.
 //
 // Errors wrap ErrReport and say what is malformed (unknown region, negative
 // values, a key twice); the report is then ignored.

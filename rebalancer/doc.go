@@ -34,7 +34,12 @@
 //     Reports are deduplicated by (region, epoch): the same seq again is a
 //     Duplicate, another seq a Conflict (the first is kept); a report older
 //     than both the decided epoch and the region's latest is Stale. Reports
-//     may arrive in any order; nothing depends on arrival order.
+//     may arrive in any order; nothing depends on arrival order. A report
+//     of an epoch after the receiver's current one breaks the clock
+//     assumption below (its sender published it before the epoch began on
+//     any clock within one epoch of its own); Core.ReceiveAt refuses it as
+//     Future and counts it (Stats.Future), so a corrupt epoch (2^40) cannot
+//     become a region's latest report and keep this region in fallback.
 //  3. calls Decide(now) once Due(now): the view of epoch m is complete (a
 //     report of epoch m from every region that is not silent) or the wait
 //     for laggards (Config.MaxWait) is over. It writes the returned updates:

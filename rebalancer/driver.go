@@ -403,7 +403,7 @@ func (d *Driver) receive(ctx context.Context, out chan<- *Report) {
 
 func (d *Driver) apply(r *Report) {
 	now := d.clock.Now()
-	receipt, err := d.core.Receive(r)
+	receipt, err := d.core.ReceiveAt(now, r)
 	info := ReceiveInfo{Receipt: receipt, Err: err}
 	if r != nil {
 		info.Region, info.Epoch, info.Keys = r.Region, r.Epoch, len(r.Keys)

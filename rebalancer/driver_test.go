@@ -504,3 +504,41 @@ func TestNewDriverRejectsBadConfig(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, d.Status().Running)
 }
+
+// TestDriverRefusesFarFutureReport: one report of epoch 2^40 (corrupt, or
+// from a clock far outside the skew the protocol assumes) is refused and
+// counted as Future; the region goes on deciding with growth instead of
+// staying in fallback for good (the report would have been the sender's
+// latest forever, so its real reports never counted as heard).
+func TestDriverRefusesFarFutureReport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us", "ap"}, lim, keys)
+		w.demand = func(region string, _ int64, _ Key) int64 {
+			if region == "eu" {
+				return 250
+			}
+			return 0
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		regs := startRegions(t, ctx, w, driverTestConfig())
+		w.ports["eu"].inbox <- &Report{Region: "us", Epoch: 1 << 40, Seq: 1 << 40, Heard: []Heard{{Region: "us", Epoch: 1 << 40}}}
+		w.watch(14*time.Second, keys[0])
+		cancel()
+		synctest.Wait()
+		eu := regs[0].obs
+		eu.mu.Lock()
+		defer eu.mu.Unlock()
+		assert.Equal(t, 1, eu.receipts[Future], "the far-future report is refused and counted")
+		require.NotEmpty(t, eu.decisions)
+		var grows int
+		for _, d := range eu.decisions[len(eu.decisions)-3:] {
+			if d.Decision.Mode == shares.Grow {
+				grows++
+			}
+		}
+		assert.Equal(t, 3, grows, "eu's last three decisions grow (not in fallback): %+v", eu.decisions[len(eu.decisions)-3:])
+		assert.Equal(t, int64(1), regs[0].driver.core.Stats().Future)
+	})
+}

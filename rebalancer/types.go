@@ -148,6 +148,10 @@ const (
 	Stale
 	// Own: the report is this region's own; nothing changed.
 	Own
+	// Future: the report's epoch is after the receiver's current epoch,
+	// beyond what the clock assumption allows (see Core.ReceiveAt);
+	// nothing changed.
+	Future
 )
 
 // String returns the receipt's name.
@@ -163,6 +167,8 @@ func (r Receipt) String() string {
 		return "stale"
 	case Own:
 		return "own"
+	case Future:
+		return "future"
 	}
 	return "unknown"
 }

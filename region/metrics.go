@@ -43,7 +43,7 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 		}, []string{"region"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quotient_coordinator_reports_total",
-			Help: "Reports taken from Kafka, by sending region and receipt (accepted, duplicate, conflict, stale, own); invalid reports count in quotient_coordinator_errors_total{kind=\"report\"}.",
+			Help: "Reports taken from Kafka, by sending region and receipt (accepted, duplicate, conflict, stale, own, future: an epoch after the receiver's, beyond the clock skew the protocol allows, refused); invalid reports count in quotient_coordinator_errors_total{kind=\"report\"}.",
 		}, []string{"region", "receipt"}),
 		regionsAlive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "quotient_coordinator_regions_alive",
@@ -110,7 +110,7 @@ func (m *metrics) Received(r rebalancer.ReceiveInfo) {
 		return
 	}
 	m.reports.WithLabelValues(r.Region, r.Receipt.String()).Inc()
-	if r.Receipt != rebalancer.Own {
+	if r.Receipt != rebalancer.Own && r.Receipt != rebalancer.Future {
 		m.reportLag.WithLabelValues(r.Region).Observe(r.Lag.Seconds())
 	}
 	if r.Receipt == rebalancer.Accepted || r.Receipt == rebalancer.Own {

@@ -68,7 +68,7 @@ func (c *RebalancerCoordinator) Receive(now time.Time, msg Message) TickResult {
 	if !ok {
 		return TickResult{} // another coordinator's (see Combine)
 	}
-	if _, err := c.core.Receive(rep); err != nil {
+	if _, err := c.core.ReceiveAt(now, rep); err != nil {
 		return TickResult{Err: err}
 	}
 	var res TickResult
