@@ -121,6 +121,7 @@ type Stats struct {
 	FallbackEpochs int64 // decisions in mode Fallback
 	Updates        int64 // updates returned (by Decide, Collect and late decisions)
 	Kept           int64 // key-epochs whose share shrank at collection (shares.Config.Keep)
+	UnknownUsage   int64 // epochs collected with unknown usage (CollectUnknown): demand and claims held
 }
 
 // Published is what Collect returns.
@@ -242,6 +243,22 @@ func (c *Core) Due(now time.Time) bool {
 // ErrUsage naming the entry and field when an entry is invalid. On error
 // nothing changes.
 func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
+	return c.collect(now, usage, false)
+}
+
+// CollectUnknown ends the epoch that now follows, like Collect, when its
+// usage could not be read (the usage source failed): the epoch's demand is
+// unknown, not zero. Every key keeps its smoothed demand and its share (no
+// shrink at collection), and the report claims what this region enforces
+// now (an upper bound, as always) with the held smoothed demand and no
+// epoch demand or admitted cost. So a failed read neither empties a busy
+// region's shares nor tells the others its demand fell to 0. Counted in
+// Stats.UnknownUsage. Errors: ErrEpochNotOver, as Collect.
+func (c *Core) CollectUnknown(now time.Time) (Published, error) {
+	return c.collect(now, nil, true)
+}
+
+func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, error) {
 	m := EpochOf(now, c.cfg.Epoch) - 1
 	if c.started && m <= c.published {
 		return Published{}, fmt.Errorf("%w: epoch %d was collected; now %v is in epoch %d", ErrEpochNotOver, c.published, now, m+1)
@@ -295,12 +312,15 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 	for _, e := range c.tidy() {
 		k, st := e.key, e.st
 		rate := min(shares.MulDiv(st.demand, 1_000_000, c.epochMs), 1<<60)
-		if c.adopted && m == c.firstEpoch {
+		switch {
+		case unknown:
+			// The epoch's demand is unknown: hold the smoothed demand.
+		case c.adopted && m == c.firstEpoch:
 			// An adopted Core's first epoch: no history to smooth with;
 			// starting from 0 would halve the demand and shrink shares
 			// the region needs.
 			st.smoothed = min(rate, shares.MulDiv(rate, c.cfg.Shares.HeadroomPermille, 1000))
-		} else {
+		default:
 			st.smoothed = c.smooth(st.smoothed, rate)
 		}
 		st.want = shares.Share{}
@@ -316,7 +336,7 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 		// report claims the smaller share and the others can grow into
 		// it at their decision of this very epoch. Never during warm-up
 		// (see decide).
-		if !warm && c.cfg.ShrinkAtCollect {
+		if !warm && c.cfg.ShrinkAtCollect && !unknown {
 			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), rate); err == nil && kept != st.share && kept != clamp(st.share, lim) {
 				out.Updates = append(out.Updates, c.record(k, st, lim, kept, m))
 				st.share = kept
@@ -337,6 +357,9 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 		st.demand, st.admitted = 0, 0
 	}
 	c.stats.Updates += int64(len(out.Updates))
+	if unknown {
+		c.stats.UnknownUsage++
+	}
 	c.published, c.pending, c.ownReport = m, true, rep != nil
 	out.Report = rep
 	return out, nil

@@ -29,7 +29,11 @@
 //     grow); plus heard (the last epoch received from each region) and seq
 //     (= the epoch number: one report per region and epoch, so seq strictly
 //     increases across restarts without stored state). A key missing from a
-//     report means: idle, at the default share, wants nothing.
+//     report means: idle, at the default share, wants nothing. When the
+//     usage cannot be read, CollectUnknown collects the epoch instead: the
+//     demand is unknown, not zero, so every key holds its smoothed demand
+//     and its share (no shrink at collection) and the report claims what
+//     is enforced (still an upper bound).
 //  2. publishes the report, and passes every report it receives to Receive.
 //     Reports are deduplicated by (region, epoch): the same seq again is a
 //     Duplicate, another seq a Conflict (the first is kept); a report older

@@ -542,3 +542,47 @@ func TestDriverRefusesFarFutureReport(t *testing.T) {
 		assert.Equal(t, int64(1), regs[0].driver.core.Stats().Future)
 	})
 }
+
+// TestDriverUsageFailureHoldsDemand: a busy region whose usage reads fail
+// keeps its share and its smoothed demand (both are unknown, not zero)
+// while the reads fail; the enforced sum stays within the limit.
+func TestDriverUsageFailureHoldsDemand(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us", "ap"}, lim, keys)
+		w.demand = func(region string, _ int64, _ Key) int64 {
+			if region == "eu" {
+				return 250
+			}
+			return 0
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		regs := startRegions(t, ctx, w, driverTestConfig())
+		w.watch(14*time.Second, keys[0])
+		before := w.enforced("eu", keys[0])
+		require.Greater(t, before.RateMilli, 2*lim.Default().RateMilli, "eu grew into the others' shares")
+		w.mu.Lock()
+		regs[0].source.fail = true
+		w.mu.Unlock()
+		// Every 50 ms through four failed collections: eu keeps its share
+		// (the last decisions may still move it by rounding dust as the
+		// views converge; before holding, a failed read cut it to the
+		// floor, 1.5% of the default).
+		end := time.Now().Add(4 * time.Second)
+		for time.Now().Before(end) {
+			time.Sleep(50 * time.Millisecond)
+			got := w.enforced("eu", keys[0])
+			assert.InDelta(t, before.RateMilli, got.RateMilli, float64(lim.RateMilli/1000), "eu's share while its reads fail")
+		}
+		cancel()
+		synctest.Wait()
+		obs := regs[0].obs
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		last := obs.collects[len(obs.collects)-1]
+		assert.True(t, last.UsageUnknown)
+		assert.Error(t, last.UsageErr)
+		assert.GreaterOrEqual(t, last.CoreStats.UnknownUsage, int64(3))
+	})
+}

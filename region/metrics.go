@@ -21,6 +21,7 @@ type metrics struct {
 	lastEpoch     *prometheus.GaugeVec // by region
 	decisions     *prometheus.CounterVec
 	updates       prometheus.Counter
+	usageUnknown  prometheus.Counter
 	errors        *prometheus.CounterVec // by kind
 }
 
@@ -61,12 +62,16 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 			Name: "quotient_coordinator_share_updates_total",
 			Help: "Share records written or deleted.",
 		}),
+		usageUnknown: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quotient_coordinator_usage_unknown_epochs_total",
+			Help: "Epochs collected with their usage unknown (the read failed): smoothed demand and shares were held, not cut to the floor.",
+		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quotient_coordinator_errors_total",
 			Help: "Failures by kind: usage_read, publish (report not published), share_write, report (invalid report received).",
 		}, []string{"kind"}),
 	}
-	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.errors)
+	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.usageUnknown, m.errors)
 	for _, k := range []string{"usage_read", "publish", "share_write", "report"} {
 		m.errors.WithLabelValues(k)
 	}
@@ -83,6 +88,9 @@ func (m *metrics) Collected(c rebalancer.CollectInfo) {
 	m.keys.WithLabelValues("state").Set(float64(c.CoreKeys))
 	if c.UsageErr != nil {
 		m.errors.WithLabelValues("usage_read").Inc()
+	}
+	if c.UsageUnknown {
+		m.usageUnknown.Inc()
 	}
 	if c.PublishErr != nil {
 		m.errors.WithLabelValues("publish").Inc()
