@@ -36,6 +36,7 @@ type Core struct {
 	ownReport  bool  // a report was published for epoch published
 	decided    int64 // last epoch decided (valid when started)
 	fallback   bool  // the last decision was in fallback
+	again      bool  // epoch decided was held for an incomplete view: it may be decided again with growth (see Due)
 	adopted    bool  // Adopt took the store's records: no warm-up
 
 	keys   map[Key]*keyState
@@ -61,7 +62,8 @@ type Core struct {
 type keyState struct {
 	demand, admitted int64        // this epoch's usage so far
 	smoothed         int64        // smoothed demand, milli cost units per second
-	share            shares.Share // enforced now (the claim); valid when known
+	share            shares.Share // enforced now; valid when known
+	claim            shares.Share // the claim of the last report (share when it was published); valid when known
 	known            bool         // share has been set (else it is the default)
 	want             shares.Share // want published in the pending report
 	synced           bool         // this Core wrote (or knows) the record
@@ -116,6 +118,7 @@ type Stats struct {
 	InvalidPolicy  int64 // key-epochs skipped: limit invalid or regions count != len(Regions)
 	InvalidShare   int64 // key-epochs whose share computation failed (share kept)
 	Decisions      int64 // decisions made
+	AgainDecisions int64 // second decisions of an epoch, with growth, after a hold (see Core.Due)
 	LateDecisions  int64 // decisions forced by Collect (no growth)
 	GrowDecisions  int64 // decisions in mode Grow
 	FallbackEpochs int64 // decisions in mode Fallback
@@ -151,6 +154,11 @@ type Decision struct {
 	Complete bool        // a report of the epoch from every region not silent
 	Silent   []string    // regions assumed at the safe share
 	Keys     int         // keys computed
+	// Again: the epoch was decided before without growth because its view
+	// was incomplete at the deadline (Config.MaxWait); the missing reports
+	// arrived while the epoch after it still runs, so it is decided again,
+	// from the same published claims (see Core.Due).
+	Again bool
 	// Updates are the share records to write: keys whose share changed,
 	// records due for a refresh, and keys this Core writes for the first
 	// time. The caller owns the slice.
@@ -222,10 +230,17 @@ func (c *Core) Deadline() time.Time {
 
 // Due reports whether the pending epoch should be decided now: its view is
 // complete (a report from every region that is not silent) or the wait for
-// laggards is over.
+// laggards is over. It is also true when the last decision held (no
+// growth) only because the view was incomplete at the deadline, and the
+// view of that epoch is now complete while the epoch after it still runs
+// (now is in it, and it is not collected yet): Decide then decides the
+// epoch again, with growth from the claims every region published for it
+// (Decision.Again). So reports later than MaxWait delay growth by their
+// lateness instead of freezing it; see the package doc for why this is
+// safe.
 func (c *Core) Due(now time.Time) bool {
 	if !c.pending {
-		return false
+		return c.dueAgain(now)
 	}
 	if !now.Before(c.Deadline()) {
 		return true
@@ -284,6 +299,7 @@ func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, e
 	if !c.started {
 		c.started, c.firstEpoch, c.decided = true, m, m-1
 	}
+	c.again = false
 	for _, u := range usage {
 		st := c.keys[u.Key]
 		if st == nil {
@@ -330,7 +346,7 @@ func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, e
 			continue
 		}
 		if !st.known {
-			st.share, st.known = lim.Default(), true
+			st.share, st.claim, st.known = lim.Default(), lim.Default(), true
 		}
 		// Give up now what the epoch's demand shows is not needed, so the
 		// report claims the smaller share and the others can grow into
@@ -343,6 +359,9 @@ func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, e
 				c.stats.Kept++
 			}
 		}
+		// The claim of this epoch's report (an absent key claims the
+		// default, which is its share then).
+		st.claim = st.share
 		if !warm && !c.fallback {
 			if w, err := c.cfg.Shares.Want(lim, c.self, c.inputs(k, st, lim, m, true)); err == nil {
 				st.want = w
@@ -473,14 +492,34 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 // key it or any report of the epoch mentions. It grows only when the view
 // is complete, this region is not in fallback, its own report was
 // published, and now is still in the epoch right after the decided one.
-// Write the updates before the next Collect's report is published.
+// With nothing pending, it decides the last epoch again when Due says so
+// (Decision.Again). Write the updates before the next Collect's report is
+// published.
 //
-// Error: ErrNothingPending.
+// Error: ErrNothingPending (nothing pending and no second decision due).
 func (c *Core) Decide(now time.Time) (Decision, error) {
 	if !c.pending {
-		return Decision{}, ErrNothingPending
+		if !c.dueAgain(now) {
+			return Decision{}, ErrNothingPending
+		}
+		c.stats.AgainDecisions++
+		d := c.decide(now, false)
+		d.Again = true
+		return d, nil
 	}
 	return c.decide(now, false), nil
+}
+
+// dueAgain reports whether the last decided epoch should be decided again
+// with growth: it held for an incomplete view, that view is now complete,
+// and now is still in the epoch after it (which is not collected yet:
+// Collect clears again).
+func (c *Core) dueAgain(now time.Time) bool {
+	if !c.again || EpochOf(now, c.cfg.Epoch) != c.decided+1 {
+		return false
+	}
+	complete, _ := c.view(c.decided)
+	return complete
 }
 
 // view classifies the other regions for epoch m: complete is true when
@@ -539,6 +578,9 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		d.Mode = shares.Grow
 		c.stats.GrowDecisions++
 	}
+	// Held only because a report is missing: if it arrives within the
+	// next epoch, the epoch is decided again with growth (dueAgain).
+	c.again = d.Mode == shares.Hold && !complete && timely && c.ownReport && !late
 	for _, i := range silentIdx {
 		d.Silent = append(d.Silent, c.regions[i])
 	}
@@ -578,16 +620,19 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			continue
 		}
 		if !st.known {
-			st.share, st.known = lim.Default(), true
+			st.share, st.claim, st.known = lim.Default(), lim.Default(), true
 		}
 		in := c.inputs(key, st, lim, m, false)
 		d.Keys++
 		next, err := c.cfg.Shares.Next(lim, c.self, in, d.Mode)
 		if err != nil {
 			c.stats.InvalidShare++
-			next = in[c.self].Claim // never above the current share
+			// Never above the current share (nor the claim).
+			next = shares.Share{RateMilli: min(in[c.self].Claim.RateMilli, st.share.RateMilli), BurstMilli: min(in[c.self].Claim.BurstMilli, st.share.BurstMilli)}
 		}
-		st.want = shares.Share{}
+		if !c.again {
+			st.want = shares.Share{} // (kept for a second decision)
+		}
 		def := lim.Default()
 		refresh := st.record && (st.short && m >= st.writtenAt+k-1 || !st.short && m >= st.writtenAt+c.cfg.IdleTTLEpochs/2)
 		// During warm-up nothing is written: records of a previous
@@ -601,11 +646,12 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			c.remove(key, st) // idle at the default: no state needed
 		}
 	}
-	// Keep, per region, the reports of later epochs and the latest one.
+	// Keep, per region, the reports of later epochs and the latest one
+	// (and those of m while it may be decided again).
 	for i := range c.remote {
 		q := &c.remote[i]
 		for e := range q.reports {
-			if e <= m && e != q.last {
+			if (e < m || e == m && !c.again) && e != q.last {
 				delete(q.reports, e)
 			}
 		}
@@ -670,7 +716,10 @@ func (c *Core) inputs(key Key, st *keyState, lim shares.Limit, m int64, latest b
 	def := lim.Default()
 	for i := range c.regions {
 		if i == c.self {
-			in[i] = shares.RegionInput{DemandMilli: st.smoothed, Claim: clamp(st.share, lim), Want: clamp(st.want, lim)}
+			// The claim this region published: a decision's growth is
+			// bounded from it (its share may have shrunk since, at a
+			// first decision of the epoch that held).
+			in[i] = shares.RegionInput{DemandMilli: st.smoothed, Claim: clamp(st.claim, lim), Want: clamp(st.want, lim)}
 			continue
 		}
 		q := &c.remote[i]

@@ -49,6 +49,15 @@
 //     for laggards (Config.MaxWait) is over. It writes the returned updates:
 //     keys whose share changed, records due for a refresh, and keys written
 //     for the first time by this Core.
+//  4. if that decision held only because the view was incomplete, and the
+//     missing reports arrive while epoch m+1 still runs (before the
+//     collection of m+1), Due is true again and Decide decides epoch m a
+//     second time, now with growth (Decision.Again). Reports later than
+//     MaxWait thus delay growth by their lateness instead of stopping it:
+//     growth needs every report of epoch m to arrive before the end of
+//     epoch m+1 on the receiver's clock, that is a report latency below
+//     Epoch - CollectDelay - (collection and publication) - clock skew
+//     (about 8.5 s with the defaults).
 //
 // # The decision and the partition rule
 //
@@ -64,7 +73,11 @@
 //     and its next report asks for nothing (want 0).
 //   - Otherwise it grows only if the view of epoch m is complete, its own
 //     report of epoch m was published, and now is still in epoch m+1
-//     (timely); else it only shrinks (shares.Hold).
+//     (timely); else it only shrinks (shares.Hold). A decision that held
+//     for an incomplete view (timely, own report published) may be
+//     followed by a second decision of m, which grows under the same
+//     conditions (complete, timely, not cut off), before epoch m+1 is
+//     collected.
 //
 // # Why the enforced sum stays within L (and B)
 //
@@ -77,7 +90,19 @@
 // published want and W the sum of the published wants of the regions
 // that need (published demand above claim) if any, else of all (and a
 // region that does not need grows by 0 when some region needs); which
-// regions need is read from the same published reports in every view. Every region with a positive want of epoch m is
+// regions need is read from the same published reports in every view.
+// Growth is computed from the region's own published claim and want of
+// epoch m (Next's input), not from its share at the time of the decision.
+// A second decision of m (Decision.Again) changes nothing in this: the
+// first decision only shrank, so until the second one the share is at
+// most the claim; the second is made from the same published claims,
+// wants and demands of m as any growing view of m (its view is complete),
+// so it is one more growing view of the same epoch, and each region grows
+// at most once per epoch (only the second decision grows; a decision
+// that grew arms no second one). It is made before this region collects
+// m+1 (Collect disarms it), so its updates are written before the report
+// of m+1, which claims them, is published, exactly as for a timely
+// decision. Every region with a positive want of epoch m is
 // present in every growing view of epoch m: if a growing region lacked its
 // report, the view would be incomplete (no growth) or the region silent,
 // and a silent region was in fallback at its decision of m-1 (it missed

@@ -62,6 +62,10 @@ type cluster struct {
 	// skip is the probability that a region's driver misses a decision
 	// window, so its next Collect decides late (without growth).
 	skip float64
+	// late is the probability that a report due in an epoch's decision
+	// window arrives after the deadline (MaxWait), while the next epoch
+	// still runs: a region that held for it may decide again with growth.
+	late float64
 }
 
 func newCluster(t testing.TB, r *rand.Rand, names []string, cfg Config, policies PolicyMap, keys []Key, n net) *cluster {
@@ -196,14 +200,17 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		deliver *msg
 		decide  int
 	}
-	var events []event
+	var events, lateEvents []event
 	var keep []msg
 	for idx := range c.inflight {
 		m := c.inflight[idx]
-		if m.due <= e {
-			events = append(events, event{deliver: &m})
-		} else {
+		switch {
+		case m.due > e:
 			keep = append(keep, m)
+		case c.late > 0 && c.r.Float64() < c.late:
+			lateEvents = append(lateEvents, event{deliver: &m})
+		default:
+			events = append(events, event{deliver: &m})
 		}
 	}
 	c.inflight = keep
@@ -221,21 +228,27 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		}
 	}
 	var deferred []int
+	skipped := map[int]bool{}
+	deliver := func(m *msg) *hregion {
+		h := c.regs[m.to]
+		if !h.up {
+			return nil
+		}
+		rc, err := h.core.Receive(m.rep)
+		require.NoError(c.t, err)
+		if rc == Accepted || rc == Duplicate || rc == Stale {
+			h.received = append(h.received, m.rep)
+		}
+		return h
+	}
 	for _, ev := range events {
 		if ev.deliver != nil {
-			h := c.regs[ev.deliver.to]
-			if !h.up {
-				continue
-			}
-			rc, err := h.core.Receive(ev.deliver.rep)
-			require.NoError(c.t, err)
-			if rc == Accepted || rc == Duplicate || rc == Stale {
-				h.received = append(h.received, ev.deliver.rep)
-			}
+			deliver(ev.deliver)
 			continue
 		}
 		h := c.regs[ev.decide]
 		if !h.up || c.r.Float64() < c.skip {
+			skipped[ev.decide] = true
 			continue
 		}
 		if h.core.Due(mid) {
@@ -248,6 +261,23 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		h := c.regs[i]
 		require.True(c.t, h.core.Due(deadline))
 		c.decide(h, deadline)
+	}
+	// Reports later than the deadline, still in epoch e+1: a region that
+	// held for one of them decides again, with growth, once its view is
+	// complete (as a driver does when a report makes Due true).
+	lateAt := deadline.Add((c.cfg.Epoch - c.cfg.MaxWait) / 2)
+	c.r.Shuffle(len(lateEvents), func(a, b int) { lateEvents[a], lateEvents[b] = lateEvents[b], lateEvents[a] })
+	for _, ev := range lateEvents {
+		h := deliver(ev.deliver)
+		if h == nil || skipped[ev.deliver.to] {
+			continue
+		}
+		if h.core.Due(lateAt) {
+			_, pending := h.core.Pending()
+			require.False(c.t, pending, "region %s: only a second decision is due after the deadline", h.name)
+			c.decide(h, lateAt)
+			require.True(c.t, h.decisions[len(h.decisions)-1].Again)
+		}
 	}
 }
 
