@@ -112,8 +112,8 @@ type DriverConfig struct {
 	Clock Clock
 	// CollectDelay is how long after an epoch ends the driver collects it,
 	// so the gateways' last flush of the epoch (every second by default)
-	// lands first. 0 <= CollectDelay < the Core's MaxWait. Default: the
-	// smaller of 1 s and MaxWait/2.
+	// lands first. 0 <= CollectDelay < the Core's MaxWait. Default:
+	// DefaultCollectDelay(MaxWait), the smaller of 1 s and MaxWait/2.
 	CollectDelay time.Duration
 	// IOTimeout bounds each call to Usage, Shares and Bus.Publish.
 	// Default: Epoch/2.
@@ -221,7 +221,7 @@ func NewDriver(core *Core, cfg DriverConfig) (*Driver, error) {
 	}
 	cc := core.Config()
 	if cfg.CollectDelay == 0 {
-		cfg.CollectDelay = min(time.Second, cc.MaxWait/2)
+		cfg.CollectDelay = DefaultCollectDelay(cc.MaxWait)
 	}
 	if cfg.CollectDelay < 0 || cfg.CollectDelay >= cc.MaxWait {
 		return nil, fmt.Errorf("%w: driver: CollectDelay %v not in [0, MaxWait = %v)", ErrConfig, cfg.CollectDelay, cc.MaxWait)
