@@ -202,8 +202,11 @@
 // # Policies
 //
 // The Core reads each key's limit from Policies. A key whose policy is
-// unknown, or whose regions count differs from len(Config.Regions), is
-// skipped and counted (Stats.UnknownPolicy, Stats.InvalidPolicy). A claim
+// unknown, or whose limit is invalid (shares.Limit.Validate: among others
+// a burst that cannot give every region one request of the policy's
+// cheapest cost, MinCostMilli) or whose regions count differs from
+// len(Config.Regions), is skipped and counted (Stats.UnknownPolicy,
+// Stats.InvalidPolicy); the coordinator refuses such a policy at start. A claim
 // above a lowered limit counts as the limit (no slack) and shrinks at the
 // next decision.
 //
