@@ -70,7 +70,7 @@ func (c *Core) Adopt(now time.Time, records []ShareRecord) ([]Update, error) {
 	e := EpochOf(now, c.cfg.Epoch)
 	var ups []Update
 	for _, r := range records {
-		lim, ok := c.limit(r.PolicyID)
+		lim, ok := c.keyLimit(r.Key, now)
 		if !ok {
 			continue
 		}

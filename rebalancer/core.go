@@ -24,7 +24,8 @@ import (
 type Core struct {
 	cfg      Config
 	policies Policies
-	regions  []string // sorted
+	subjects SubjectPolicies // policies, when it has per-subject limits; else nil
+	regions  []string        // sorted
 	index    map[string]int
 	self     int
 	epochMs  int64
@@ -194,6 +195,7 @@ func New(cfg Config, policies Policies) (*Core, error) {
 		c.remote[i] = remote{reports: make(map[int64]*stored), heardSelf: -1}
 	}
 	c.self = c.index[cfg.Region]
+	c.subjects, _ = policies.(SubjectPolicies)
 	return c, nil
 }
 
@@ -340,7 +342,7 @@ func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, e
 			st.smoothed = c.smooth(st.smoothed, rate)
 		}
 		st.want = shares.Share{}
-		lim, ok := c.limit(k.PolicyID)
+		lim, ok := c.keyLimit(k, now)
 		if !ok {
 			st.demand, st.admitted = 0, 0
 			continue
@@ -614,7 +616,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 	// In key order, so that the updates come out sorted.
 	for _, e := range c.tidy() {
 		key, st := e.key, e.st
-		lim, ok := c.limit(key.PolicyID)
+		lim, ok := c.keyLimit(key, now)
 		if !ok {
 			c.remove(key, st)
 			continue
@@ -854,6 +856,25 @@ func (c *Core) limit(policyID string) (shares.Limit, bool) {
 		return shares.Limit{}, false
 	}
 	return c.lcLim, true
+}
+
+// keyLimit is the limit in force for key at now: the subject's own limit
+// when Policies is a SubjectPolicies with one in force for it (an
+// override) that fits this deployment, else the policy's (see limit). An
+// override that does not fit is counted in Stats.InvalidPolicy and the
+// policy's limit applies.
+func (c *Core) keyLimit(k Key, now time.Time) (shares.Limit, bool) {
+	lim, ok := c.limit(k.PolicyID)
+	if !ok || c.subjects == nil {
+		return lim, ok
+	}
+	if o, ok := c.subjects.SubjectLimit(k.PolicyID, k.Subject, now); ok {
+		if o.Validate() == nil && o.Regions == len(c.regions) {
+			return o, true
+		}
+		c.stats.InvalidPolicy++
+	}
+	return lim, true
 }
 
 // newKey returns the state of a key first seen at epoch m. A record a

@@ -206,7 +206,22 @@
 // a burst that cannot give every region one request of the policy's
 // cheapest cost, MinCostMilli) or whose regions count differs from
 // len(Config.Regions), is skipped and counted (Stats.UnknownPolicy,
-// Stats.InvalidPolicy); the coordinator refuses such a policy at start. A claim
+// Stats.InvalidPolicy); the coordinator refuses such a policy at start.
+//
+// When Policies is a SubjectPolicies (the coordinator's, with the policy
+// log), a key whose subject has an override in force is computed from the
+// override's limit, looked up at each collection and decision, as the
+// gateways apply the override to the same policy (its default share
+// included). A lowering override takes effect in the shares at the first
+// decision after it starts (the claims above it count as the new limit,
+// leaving no slack, and shrink); a raising one lets shares grow into the
+// new slack; expiry or deletion gives the policy's limit back the same
+// way. Until every region has decided once under the new limit (at most an
+// epoch plus MaxWait after the change), the enforced sum is bounded by the
+// limit before the change. A change of the limit also moves the default, so
+// a record keeps the lifetime class it was written with (above or below the
+// old default) until its next write, at most K-1 epochs later for a record
+// above the default. A claim
 // above a lowered limit counts as the limit (no slack) and shrinks at the
 // next decision.
 //

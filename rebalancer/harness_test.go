@@ -66,6 +66,11 @@ type cluster struct {
 	// window arrives after the deadline (MaxWait), while the next epoch
 	// still runs: a region that held for it may decide again with growth.
 	late float64
+	// lookup, when set, is the Cores' Policies instead of policies, and
+	// limitAt the limit in force for a key at t (what the gateways apply,
+	// for the default share and the check); see overrideLookup.
+	lookup  Policies
+	limitAt func(k Key, t time.Time) shares.Limit
 }
 
 func newCluster(t testing.TB, r *rand.Rand, names []string, cfg Config, policies PolicyMap, keys []Key, n net) *cluster {
@@ -90,7 +95,11 @@ func (c *cluster) newCore(name string) *Core {
 	if len(cfg.Regions) == 0 || !slices.Contains(cfg.Regions, name) {
 		cfg.Regions = append(cfg.Regions, name)
 	}
-	core, err := New(cfg, c.policies)
+	var pol Policies = c.policies
+	if c.lookup != nil {
+		pol = c.lookup
+	}
+	core, err := New(cfg, pol)
 	require.NoError(c.t, err)
 	return core
 }
@@ -119,7 +128,15 @@ func (c *cluster) enforced(h *hregion, k Key, t time.Time) shares.Share {
 	if rec, ok := h.store[k]; ok && t.Before(rec.expireAt) {
 		return rec.share
 	}
-	return c.policies[k.PolicyID].Default()
+	return c.limit(k, t).Default()
+}
+
+// limit is the limit in force for k at t.
+func (c *cluster) limit(k Key, t time.Time) shares.Limit {
+	if c.limitAt != nil {
+		return c.limitAt(k, t)
+	}
+	return c.policies[k.PolicyID]
 }
 
 func (c *cluster) apply(h *hregion, now time.Time, ups []Update) {
@@ -138,7 +155,13 @@ func (c *cluster) apply(h *hregion, now time.Time, ups []Update) {
 // enforced by all regions together are within L and B.
 func (c *cluster) check(t time.Time) {
 	for _, k := range c.keys {
-		lim := c.policies[k.PolicyID]
+		lim := c.limit(k, t)
+		if c.limitAt != nil {
+			// A change of the limit takes effect at the decisions after
+			// it: until then the sum is bounded by the limit before it.
+			lim2 := c.limit(k, t.Add(-c.cfg.Epoch-c.cfg.MaxWait))
+			lim.RateMilli, lim.BurstMilli = max(lim.RateMilli, lim2.RateMilli), max(lim.BurstMilli, lim2.BurstMilli)
+		}
 		var sum shares.Share
 		for _, h := range c.regs {
 			s := c.enforced(h, k, t)
