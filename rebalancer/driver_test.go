@@ -41,6 +41,7 @@ type world struct {
 	r                      *rand.Rand
 	loss, dup              float64
 	maxDelay               time.Duration
+	minDelay               time.Duration // added to every delivery's delay
 	ports                  map[string]*chaosPort
 	writeFail              map[string]bool
 	demand                 func(region string, epoch int64, k Key) int64
@@ -124,9 +125,9 @@ func (p *chaosPort) Publish(_ context.Context, r *Report) error {
 			}
 		}
 		for range copies {
-			delay := time.Duration(0)
+			delay := w.minDelay
 			if w.maxDelay > 0 {
-				delay = time.Duration(w.r.Int64N(int64(w.maxDelay)))
+				delay += time.Duration(w.r.Int64N(int64(w.maxDelay)))
 			}
 			c, inbox := cloneReport(r), w.ports[to].inbox
 			time.AfterFunc(delay, func() {
@@ -584,5 +585,48 @@ func TestDriverUsageFailureHoldsDemand(t *testing.T) {
 		assert.True(t, last.UsageUnknown)
 		assert.Error(t, last.UsageErr)
 		assert.GreaterOrEqual(t, last.CoreStats.UnknownUsage, int64(3))
+	})
+}
+
+// TestDriverLateReportsStillGrow: every report arrives 300-400 ms after it
+// is published, so after MaxWait (400 ms after the epoch; the driver
+// publishes 200 ms after it). Each decision holds at the deadline and the
+// epoch is decided again, with growth, when the last report lands: the
+// busy region takes most of the limit and the enforced sum stays within
+// it. (Before, every decision held and the busy region stayed at the
+// default.)
+func TestDriverLateReportsStillGrow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us", "ap"}, lim, keys)
+		w.minDelay, w.maxDelay = 300*time.Millisecond, 100*time.Millisecond
+		w.demand = func(region string, _ int64, _ Key) int64 {
+			if region == "eu" {
+				return 250
+			}
+			return 0
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		regs := startRegions(t, ctx, w, driverTestConfig())
+		w.watch(14*time.Second, keys[0])
+		mean := w.watch(4*time.Second, keys[0])
+		cancel()
+		synctest.Wait()
+		assert.Greater(t, mean["eu"], 2*lim.Default().RateMilli, "eu grew: %v", mean)
+		obs := regs[0].obs
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		var again, grow int
+		for _, d := range obs.decisions {
+			if d.Decision.Again {
+				again++
+			}
+			if d.Decision.Mode == shares.Grow {
+				grow++
+			}
+		}
+		assert.Positive(t, again)
+		assert.Equal(t, grow, again, "every growth was a second decision")
 	})
 }
