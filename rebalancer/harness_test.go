@@ -66,6 +66,9 @@ type cluster struct {
 	// window arrives after the deadline (MaxWait), while the next epoch
 	// still runs: a region that held for it may decide again with growth.
 	late float64
+	// unknown is the probability that a region's usage read fails, so it
+	// collects the epoch with CollectUnknown.
+	unknown float64
 	// lookup, when set, is the Cores' Policies instead of policies, and
 	// limitAt the limit in force for a key at t (what the gateways apply,
 	// for the default share and the check); see overrideLookup.
@@ -194,7 +197,13 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 				usage = append(usage, Usage{Key: k, Demand: d, Admitted: d / 2})
 			}
 		}
-		pub, err := h.core.Collect(end, usage)
+		var pub Published
+		var err error
+		if c.unknown > 0 && c.r.Float64() < c.unknown {
+			pub, err = h.core.CollectUnknown(end)
+		} else {
+			pub, err = h.core.Collect(end, usage)
+		}
 		require.NoError(c.t, err)
 		require.Equal(c.t, e, pub.Epoch)
 		if pub.Late != nil {
