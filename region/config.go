@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go/sasl"
@@ -217,7 +218,8 @@ func isLoopback(hostport string) bool {
 }
 
 // GlobalLimits returns the shared limits of the global bucket policies
-// among policies, for n regions, and how many global policies were skipped
+// among policies, for n regions (with the cost of each policy's cheapest
+// request, so every share admits one), and how many global policies were skipped
 // because the limiter enforces no share for their algorithm (global fixed
 // windows, which are replicated instead: see newDailyQuota).
 func GlobalLimits(policies []*limiter.Policy, n int) (rebalancer.PolicyMap, int) {
@@ -231,7 +233,37 @@ func GlobalLimits(policies []*limiter.Policy, n int) (rebalancer.PolicyMap, int)
 			skipped++
 			continue
 		}
-		out[p.ID] = shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: n}
+		out[p.ID] = shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: n, MinCostMilli: minCostMilli(p)}
 	}
 	return out, skipped
+}
+
+// minCostMilli is the cost of p's cheapest request that consumes, in milli
+// cost units: the smallest positive cost of its cost table, or 1 for the
+// requests it does not list. Every share the coordinator writes admits one
+// such request (shares.Limit.MinCostMilli).
+func minCostMilli(p *limiter.Policy) int64 {
+	c := int64(1)
+	for _, v := range p.Cost {
+		if v > 0 && v < c {
+			c = v
+		}
+	}
+	return c * 1000
+}
+
+// checkLimits refuses a global policy whose burst cannot give every region
+// one request (shares.Limit.Validate), naming the policy.
+func checkLimits(limits rebalancer.PolicyMap) error {
+	ids := make([]string, 0, len(limits))
+	for id := range limits {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if err := limits[id].Validate(); err != nil {
+			return fmt.Errorf("%w: Policies: global policy %q: %w", ErrConfig, id, err)
+		}
+	}
+	return nil
 }
