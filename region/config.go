@@ -233,23 +233,9 @@ func GlobalLimits(policies []*limiter.Policy, n int) (rebalancer.PolicyMap, int)
 			skipped++
 			continue
 		}
-		out[p.ID] = shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: n, MinCostMilli: minCostMilli(p)}
+		out[p.ID] = shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: n, MinCostMilli: p.MinCost() * 1000}
 	}
 	return out, skipped
-}
-
-// minCostMilli is the cost of p's cheapest request that consumes, in milli
-// cost units: the smallest positive cost of its cost table, or 1 for the
-// requests it does not list. Every share the coordinator writes admits one
-// such request (shares.Limit.MinCostMilli).
-func minCostMilli(p *limiter.Policy) int64 {
-	c := int64(1)
-	for _, v := range p.Cost {
-		if v > 0 && v < c {
-			c = v
-		}
-	}
-	return c * 1000
 }
 
 // checkLimits refuses a global policy whose burst cannot give every region

@@ -76,7 +76,7 @@ func NewRebalancerCoordinatorDelay(cfg rebalancer.Config, delay time.Duration) N
 			if p.Algorithm == limiter.FixedWindow {
 				continue // replicated counters (issue 6), not shares
 			}
-			lim := shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: len(info.Regions), MinCostMilli: minCostMilli(p)}
+			lim := shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: len(info.Regions), MinCostMilli: p.MinCost() * 1000}
 			if err := lim.Validate(); err != nil {
 				// What the coordinator refuses at start (region.New).
 				return nil, fmt.Errorf("rebalancer coordinator: global policy %q: %w", p.ID, err)
@@ -101,19 +101,6 @@ func NewRebalancerCoordinatorDelay(cfg rebalancer.Config, delay time.Duration) N
 		}
 		return &RebalancerCoordinator{core: core, info: info, defaults: defaults, delay: d}, nil
 	}
-}
-
-// minCostMilli is the cost of p's cheapest request that consumes, milli
-// cost units, as the coordinator computes it (region.GlobalLimits): the
-// smallest positive cost of its cost table, or 1 for unlisted requests.
-func minCostMilli(p *limiter.Policy) int64 {
-	c := int64(1)
-	for _, v := range p.Cost {
-		if v > 0 && v < c {
-			c = v
-		}
-	}
-	return c * 1000
 }
 
 // Core returns the driven Core (for statistics).
