@@ -186,16 +186,7 @@ func (g *gatewayRegions) refresh(ctx context.Context) {
 
 // run refreshes every interval until ctx ends.
 func (g *gatewayRegions) run(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.refresh(ctx)
-		}
-	}
+	tickEvery(ctx, every, func() { g.refresh(ctx) })
 }
 
 // guard is the limiter as a policy setter that refuses a set with a
