@@ -434,27 +434,22 @@ func (l *Limiter) CheckAt(ctx context.Context, now time.Time, req Request) (Deci
 // maxSubjects is the number of subject kinds.
 const maxSubjects = 4
 
+// SubjectPolicies is one subject of a request and the policies, already
+// selected, that limit it: one entry of CheckSubjectsInto.
+type SubjectPolicies struct {
+	Subject  Subject
+	Policies []*Policy
+}
+
 // CheckInto decides req at now into d, reusing d.Policies' storage (so a
 // caller that pools Decisions makes a deny-cache hit allocate nothing).
-// It selects the policies that match the request, groups them by subject,
-// and decides each group:
-//
-//  1. deny cache (remote stores): if an enforced policy of the group
-//     rejected this subject recently for at most this cost and its retry
-//     time has not come, the group is rejected locally (SourceDenyCache)
-//     and only the cached policies are reported;
-//  2. the store, in one atomic call bounded by Config.Deadline, unless the
-//     circuit breaker is open (SourceStore);
-//  3. when the store fails, times out or the breaker is open, the
-//     in-process fallback of each policy's failure mode (SourceFallback;
-//     see fallback.go): open and local admit under an in-process limit,
-//     closed rejects with FailedClosed set.
-//
-// With no matching policy the request is allowed (SourceNone). Usage of
-// global policies is counted, the decision is observed in the metrics and
-// sampled to the event sink. The only error is ErrCanceled (wrapping the
-// context's error) when ctx ends first; with the MemoryStore no error
-// occurs. A store failure never surfaces as an error: the fallback answers.
+// It selects the policies that match the request, groups them by subject
+// (the identity's subjects, in the policy set's order of subject kinds)
+// and decides the request as one, all or nothing across the subjects (see
+// CheckSubjectsInto for the steps). The only error is ErrCanceled
+// (wrapping the context's error) when ctx ends first; with the
+// MemoryStore no error occurs. A store failure never surfaces as an
+// error: the fallback answers.
 func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *Decision) error {
 	var start time.Time
 	if l.metrics != nil {
@@ -480,13 +475,15 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 			nk++
 		}
 	}
-	var group [8]*Policy
+	var groupBuf [maxSubjects]SubjectPolicies
+	var polBuf [16]*Policy
+	groups, pols := groupBuf[:0], polBuf[:0]
 	for _, kind := range kinds[:nk] {
 		subj, ok := req.Identity.Subject(kind)
 		if !ok {
 			continue
 		}
-		g := group[:0]
+		from := len(pols)
 		for _, p := range policies {
 			if p.Subject == kind && p.Matches(req.Identity.Tier, req.Method, req.Path) {
 				if l.overrides != nil {
@@ -494,13 +491,92 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 						p = o
 					}
 				}
-				g = append(g, p)
+				pols = append(pols, p)
 			}
 		}
-		if err := l.decideGroup(ctx, now, subj, g, &req, d); err != nil {
-			*d = Decision{Policies: d.Policies[:0]}
-			return err
+		groups = append(groups, SubjectPolicies{Subject: subj, Policies: pols[from:len(pols):len(pols)]})
+	}
+	return l.finish(ctx, now, start, groups, &req, d)
+}
+
+// CheckSubjectsInto decides one request whose subjects and policies the
+// caller has already selected (an RLS server maps the descriptors of one
+// ShouldRateLimit call to subjects and policies and calls it once), into
+// d, as CheckInto does after selection. Overrides (Config.Overrides) are
+// applied per subject. req gives the route (for policy costs), Cost and
+// Peek; its Identity is ignored. Entries with no policies are skipped.
+//
+// The request is all or nothing across its subjects: if any enforced
+// policy of any subject rejects, no policy of any subject consumes
+// (shadow policies consume only when the request is admitted). Steps:
+//
+//  1. deny cache (remote stores): if an enforced policy of any subject
+//     rejected that subject recently for at most this cost and its retry
+//     time has not come, the request is rejected locally
+//     (SourceDenyCache) without a store call for any subject, and only the
+//     cached policies are reported;
+//  2. the store, bounded by Config.Deadline, unless the circuit breaker
+//     is open (SourceStore): one atomic call when every subject lives on
+//     one Redis node (or in the MemoryStore); on a Redis Cluster whose
+//     nodes split the subjects, one call per subject in order, stopping
+//     at the first rejection (later subjects are then not reported) and
+//     refunding earlier subjects (see refund.go: the window and what is
+//     exact). A rejected request may then take up to twice the deadline;
+//  3. when the store fails, times out or the breaker is open, the
+//     in-process fallback of each policy's failure mode, for all
+//     subjects at once and all or nothing across them too (SourceFallback;
+//     see fallback.go).
+//
+// With no policy the request is allowed (SourceNone). Usage of global
+// policies is counted (demand: every attempt's cost; admitted: the cost
+// consumed, so 0 for any rejected request), the decision is observed in
+// the metrics and sampled to the event sink. Errors: ErrNoPolicies for a
+// policy that was not validated, an error naming a subject listed twice or
+// a policy listed twice for one subject, and ErrCanceled as for CheckInto.
+func (l *Limiter) CheckSubjectsInto(ctx context.Context, now time.Time, subjects []SubjectPolicies, req Request, d *Decision) error {
+	var start time.Time
+	if l.metrics != nil {
+		start = time.Now()
+	}
+	*d = Decision{Allowed: true, Source: SourceNone, Policies: d.Policies[:0]}
+	groups := make([]SubjectPolicies, 0, len(subjects))
+	for i, sp := range subjects {
+		if len(sp.Policies) == 0 {
+			continue
 		}
+		for _, g := range groups {
+			if g.Subject == sp.Subject {
+				return fmt.Errorf("limiter: subjects[%d]: subject %s listed twice", i, sp.Subject.Key())
+			}
+		}
+		ps := make([]*Policy, 0, len(sp.Policies))
+		for j, p := range sp.Policies {
+			if p == nil || !p.validated {
+				return fmt.Errorf("%w: subjects[%d].Policies[%d]", ErrNoPolicies, i, j)
+			}
+			for _, q := range sp.Policies[:j] {
+				if q.ID == p.ID {
+					return fmt.Errorf("limiter: subjects[%d]: policy %q listed twice", i, p.ID)
+				}
+			}
+			if l.overrides != nil {
+				if o, ok := l.overrides.Override(sp.Subject, p.ID, now); ok && o != nil && o.validated && o.ID == p.ID {
+					p = o
+				}
+			}
+			ps = append(ps, p)
+		}
+		groups = append(groups, SubjectPolicies{Subject: sp.Subject, Policies: ps})
+	}
+	req.Identity = Identity{}
+	return l.finish(ctx, now, start, groups, &req, d)
+}
+
+// finish decides the selected groups and observes the decision.
+func (l *Limiter) finish(ctx context.Context, now, start time.Time, groups []SubjectPolicies, req *Request, d *Decision) error {
+	if err := l.decide(ctx, now, groups, req, d); err != nil {
+		*d = Decision{Policies: d.Policies[:0]}
+		return err
 	}
 	if !d.Allowed {
 		d.Delay = 0
@@ -509,7 +585,7 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 		l.metrics.observe(d, time.Since(start))
 	}
 	if len(d.Policies) > 0 && l.sampler.sample() {
-		l.events.Emit(newEvent(now, &req, d))
+		l.events.Emit(newEvent(now, req, d))
 	}
 	return nil
 }
@@ -528,7 +604,8 @@ func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Sub
 	}
 	d := Decision{Allowed: true, Source: SourceNone}
 	req := Request{Cost: cost, Peek: cost == 0}
-	if err := l.evalGroup(ctx, now, subject, policies, req, &d); err != nil {
+	groups := [1]SubjectPolicies{{Subject: subject, Policies: policies}}
+	if _, err := l.evalAll(ctx, now, groups[:], &req, &d, nil); err != nil {
 		return Decision{}, err
 	}
 	return d, nil
@@ -546,14 +623,14 @@ func (l *Limiter) CheckSubjectFallbackAt(now time.Time, subject Subject, policie
 			return Decision{}, fmt.Errorf("%w: policies[%d]", ErrNoPolicies, i)
 		}
 	}
-	var costBuf [8]int64
-	costs := costBuf[:0]
-	for range policies {
-		costs = append(costs, cost)
+	costs := make([]int64, len(policies))
+	subjs := make([]Subject, len(policies))
+	for i := range policies {
+		costs[i], subjs[i] = cost, subject
 	}
 	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(policies))}
 	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
-	d.Allowed = l.fb.decide(now, subject, policies, costs, closedRetry, d.Policies)
+	d.Allowed = l.fb.decide(now, subjs, policies, costs, closedRetry, d.Policies)
 	return d, nil
 }
 
@@ -587,34 +664,30 @@ func worse(a, b Source) Source {
 	return a
 }
 
-// decideGroup decides the policies of one subject (see CheckInto) and
-// appends their PolicyDecisions to d.
-func (l *Limiter) decideGroup(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req *Request, d *Decision) error {
-	if len(policies) == 0 {
+// decide decides the request's groups (see CheckSubjectsInto) and appends
+// their PolicyDecisions to d.
+func (l *Limiter) decide(ctx context.Context, now time.Time, groups []SubjectPolicies, req *Request, d *Decision) error {
+	if len(groups) == 0 {
 		return nil
 	}
 	if !l.remote {
-		err := l.evalGroup(ctx, now, subj, policies, *req, d)
-		if err == nil {
-			l.countUsage(now, subj, policies, req, d.Policies[len(d.Policies)-len(policies):], d.Allowed)
-		}
+		_, err := l.evalAll(ctx, now, groups, req, d, l.countUsage)
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrCanceled, err)
 	}
 	nowNs := now.UnixNano()
-	if l.deny != nil && !req.Peek && l.denyHit(now, nowNs, subj, policies, req, d) {
+	if l.deny != nil && !req.Peek && l.denyHit(now, nowNs, groups, req, d) {
 		return nil
 	}
 	ok, probe := l.breaker.Allow(now)
 	if ok {
 		base := len(d.Policies)
-		err := l.evalGroupDeadline(ctx, now, subj, policies, *req, d)
+		_, err := l.evalAllDeadline(ctx, now, groups, req, d, l.countUsage)
 		if err == nil {
 			l.breaker.Record(now, probe, true)
-			l.fillDenyCache(nowNs, subj, d.Policies[base:], req)
-			l.countUsage(now, subj, policies, req, d.Policies[base:], policyDecisions(d.Policies[base:]).allAllowed())
+			l.fillDenyCache(nowNs, d.Policies[base:], req)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -625,64 +698,58 @@ func (l *Limiter) decideGroup(ctx context.Context, now time.Time, subj Subject, 
 		l.breaker.Record(now, probe, false)
 		l.metrics.storeError()
 	}
-	return l.fallbackGroup(now, subj, policies, req, d)
+	return l.fallbackAll(now, groups, req, d)
 }
 
-type policyDecisions []PolicyDecision
-
-// allAllowed reports whether no enforced policy rejects.
-func (ps policyDecisions) allAllowed() bool {
-	for i := range ps {
-		if !ps[i].Allowed && ps[i].Policy.Mode == Enforce {
-			return false
-		}
-	}
-	return true
-}
-
-// denyHit answers the group from the deny cache if an enforced policy
-// rejects req's cost there.
-func (l *Limiter) denyHit(now time.Time, nowNs int64, subj Subject, policies []*Policy, req *Request, d *Decision) bool {
+// denyHit answers the whole request from the deny cache if an enforced
+// policy of any of its subjects rejects req's cost there: no store call
+// is made for any subject, and only the cached policies are reported.
+func (l *Limiter) denyHit(now time.Time, nowNs int64, groups []SubjectPolicies, req *Request, d *Decision) bool {
 	hit := false
-	for _, p := range policies {
-		if p.Mode != Enforce {
-			continue
+	for _, g := range groups {
+		subj := g.Subject
+		for _, p := range g.Policies {
+			if p.Mode != Enforce {
+				continue
+			}
+			cost := costOf(p, req)
+			e, ok := l.deny.lookup(denyKey{policy: p.ID, kind: subj.Kind, value: subj.Value}, cost, nowNs)
+			if !ok {
+				continue
+			}
+			hit = true
+			retry := ceilMs(time.Duration(e.until - nowNs))
+			reset := max(retry, ceilMs(time.Duration(e.resetAt-nowNs)))
+			d.Policies = append(d.Policies, PolicyDecision{
+				Policy:     p,
+				Subject:    subj,
+				Cost:       cost,
+				Limit:      p.capacity(),
+				Remaining:  e.remaining,
+				ResetAfter: reset,
+				RetryAfter: retry,
+				Never:      cost > p.capacity(),
+				Source:     SourceDenyCache,
+			})
 		}
-		cost := costOf(p, req)
-		e, ok := l.deny.lookup(denyKey{policy: p.ID, kind: subj.Kind, value: subj.Value}, cost, nowNs)
-		if !ok {
-			continue
-		}
-		hit = true
-		retry := ceilMs(time.Duration(e.until - nowNs))
-		reset := max(retry, ceilMs(time.Duration(e.resetAt-nowNs)))
-		d.Policies = append(d.Policies, PolicyDecision{
-			Policy:     p,
-			Subject:    subj,
-			Cost:       cost,
-			Limit:      p.capacity(),
-			Remaining:  e.remaining,
-			ResetAfter: reset,
-			RetryAfter: retry,
-			Never:      cost > p.capacity(),
-			Source:     SourceDenyCache,
-		})
 	}
 	if !hit {
 		return false
 	}
 	d.Allowed = false
 	d.Source = worse(d.Source, SourceDenyCache)
-	for _, p := range policies {
-		if p.Scope == ScopeGlobal {
-			l.usage.add(now, p.ID, subj, costOf(p, req), 0)
+	for _, g := range groups {
+		for _, p := range g.Policies {
+			if p.Scope == ScopeGlobal {
+				l.usage.add(now, p.ID, g.Subject, costOf(p, req), 0)
+			}
 		}
 	}
 	return true
 }
 
 // fillDenyCache remembers the enforced policies that rejected.
-func (l *Limiter) fillDenyCache(nowNs int64, subj Subject, pds []PolicyDecision, req *Request) {
+func (l *Limiter) fillDenyCache(nowNs int64, pds []PolicyDecision, req *Request) {
 	if l.deny == nil || req.Peek {
 		return
 	}
@@ -691,7 +758,7 @@ func (l *Limiter) fillDenyCache(nowNs int64, subj Subject, pds []PolicyDecision,
 		if pd.Allowed || pd.Policy.Mode != Enforce || pd.RetryAfter <= 0 {
 			continue
 		}
-		l.deny.add(denyKey{policy: pd.Policy.ID, kind: subj.Kind, value: subj.Value}, denyEntry{
+		l.deny.add(denyKey{policy: pd.Policy.ID, kind: pd.Subject.Kind, value: pd.Subject.Value}, denyEntry{
 			until:     nowNs + int64(pd.RetryAfter),
 			resetAt:   nowNs + int64(pd.ResetAfter),
 			cost:      pd.Cost,
@@ -700,47 +767,69 @@ func (l *Limiter) fillDenyCache(nowNs int64, subj Subject, pds []PolicyDecision,
 	}
 }
 
-// fallbackGroup answers the group in process.
-func (l *Limiter) fallbackGroup(now time.Time, subj Subject, policies []*Policy, req *Request, d *Decision) error {
-	var costBuf [8]int64
-	costs := costBuf[:0]
-	for _, p := range policies {
-		costs = append(costs, costOf(p, req))
+// fallbackAll answers the request in process, all subjects at once.
+func (l *Limiter) fallbackAll(now time.Time, groups []SubjectPolicies, req *Request, d *Decision) error {
+	var costBuf [16]int64
+	var polBuf [16]*Policy
+	var subjBuf [16]Subject
+	costs, pols, subjs := costBuf[:0], polBuf[:0], subjBuf[:0]
+	for _, g := range groups {
+		for _, p := range g.Policies {
+			costs, pols, subjs = append(costs, costOf(p, req)), append(pols, p), append(subjs, g.Subject)
+		}
 	}
 	base := len(d.Policies)
-	for range policies {
+	for range pols {
 		d.Policies = append(d.Policies, PolicyDecision{})
 	}
 	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
-	allowed := l.fb.decide(now, subj, policies, costs, closedRetry, d.Policies[base:])
+	allowed := l.fb.decide(now, subjs, pols, costs, closedRetry, d.Policies[base:])
 	if !allowed {
 		d.Allowed = false
 	}
 	d.Source = worse(d.Source, SourceFallback)
-	l.countUsage(now, subj, policies, req, d.Policies[base:], allowed)
+	if !req.Peek {
+		for i, p := range pols {
+			if p.Scope != ScopeGlobal {
+				continue
+			}
+			pd := &d.Policies[base+i]
+			var admitted int64
+			if allowed && pd.Allowed {
+				admitted = pd.Cost
+			}
+			l.usage.add(now, p.ID, subjs[i], pd.Cost, admitted)
+		}
+	}
 	return nil
 }
 
-// countUsage adds demand and admitted cost of the group's global policies.
-func (l *Limiter) countUsage(now time.Time, subj Subject, policies []*Policy, req *Request, pds []PolicyDecision, groupAllowed bool) {
+// countUsage adds demand (every op's cost, skipped ones included) and
+// admitted cost (what was consumed: only when the request is allowed) of
+// the request's global policies.
+func (l *Limiter) countUsage(now time.Time, req *Request, pols []*Policy, subjs []Subject, ops []op, res []result, allowed bool) {
 	if req.Peek {
 		return
 	}
-	for i, p := range policies {
-		if p.Scope != ScopeGlobal || i >= len(pds) {
+	for i, p := range pols {
+		if p.Scope != ScopeGlobal {
 			continue
 		}
 		var admitted int64
-		if groupAllowed && pds[i].Allowed {
-			admitted = pds[i].Cost
+		if allowed && res[i].allowed && !res[i].skipped {
+			admitted = ops[i].cost
 		}
-		l.usage.add(now, p.ID, subj, pds[i].Cost, admitted)
+		l.usage.add(now, p.ID, subjs[i], ops[i].cost, admitted)
 	}
 }
+
+// usageFunc receives the flattened ops of one decided request.
+type usageFunc func(now time.Time, req *Request, pols []*Policy, subjs []Subject, ops []op, res []result, allowed bool)
 
 // storeCall is one store call run in its own goroutine, so that the
 // caller can abandon it at the deadline; it owns copies of the buffers.
 type storeCall struct {
+	subjs   []Subject
 	ops     []op
 	res     []result
 	allowed bool
@@ -748,27 +837,27 @@ type storeCall struct {
 	done    chan struct{}
 }
 
-// evalGroupDeadline is evalGroup with the store call bounded by the
-// deadline, whatever the store does.
-func (l *Limiter) evalGroupDeadline(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision) error {
+// evalAllDeadline is evalAll with the store call bounded by the deadline,
+// whatever the store does.
+func (l *Limiter) evalAllDeadline(ctx context.Context, now time.Time, groups []SubjectPolicies, req *Request, d *Decision, usage usageFunc) (bool, error) {
 	if rs, ok := l.store.(*RedisStore); ok && rs.boundedByContext {
 		// go-redis ends every wait of the call at the context's deadline.
-		return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject Subject, ops []op, res []result) (bool, error) {
+		return l.evalAllWith(ctx, now, groups, req, d, usage, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
 			cctx, cancel := context.WithTimeout(ctx, l.deadline)
 			defer cancel()
-			allowed, err := rs.eval(cctx, now, subject, ops, res)
+			allowed, err := rs.eval(cctx, now, subjs, ops, res)
 			if err != nil && cctx.Err() != nil && ctx.Err() == nil {
 				return false, fmt.Errorf("%w: no answer within %v: %v", ErrStoreUnavailable, l.deadline, err)
 			}
 			return allowed, err
 		})
 	}
-	return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject Subject, ops []op, res []result) (bool, error) {
+	return l.evalAllWith(ctx, now, groups, req, d, usage, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
 		cctx, cancel := context.WithTimeout(ctx, l.deadline)
-		c := &storeCall{ops: append([]op(nil), ops...), res: make([]result, len(res)), done: make(chan struct{})}
+		c := &storeCall{subjs: append([]Subject(nil), subjs...), ops: append([]op(nil), ops...), res: make([]result, len(res)), done: make(chan struct{})}
 		go func() {
 			defer cancel()
-			c.allowed, c.err = l.store.eval(cctx, now, subject, c.ops, c.res)
+			c.allowed, c.err = l.store.eval(cctx, now, c.subjs, c.ops, c.res)
 			close(c.done)
 		}()
 		select {
@@ -785,74 +874,77 @@ func (l *Limiter) evalGroupDeadline(ctx context.Context, now time.Time, subj Sub
 	})
 }
 
-func (l *Limiter) evalGroup(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision) error {
-	return l.evalGroupWith(ctx, now, subj, policies, req, d, nil)
+// evalAll decides the groups in one store call (no deadline) and records
+// the answers in d; usage, when not nil, is called with the ops.
+func (l *Limiter) evalAll(ctx context.Context, now time.Time, groups []SubjectPolicies, req *Request, d *Decision, usage usageFunc) (bool, error) {
+	return l.evalAllWith(ctx, now, groups, req, d, usage, nil)
 }
 
-func (l *Limiter) evalGroupWith(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision, eval func(context.Context, Subject, []op, []result) (bool, error)) error {
-	if len(policies) == 0 {
-		return nil
+func (l *Limiter) evalAllWith(ctx context.Context, now time.Time, groups []SubjectPolicies, req *Request, d *Decision, usage usageFunc, eval func(context.Context, []Subject, []op, []result) (bool, error)) (bool, error) {
+	n := 0
+	for _, g := range groups {
+		n += len(g.Policies)
 	}
-	if ms, ok := l.store.(*MemoryStore); ok && eval == nil {
-		return l.evalInMemory(ctx, ms, now, subj, policies, &req, d)
+	if n == 0 {
+		return true, nil
 	}
-	ops, res := l.buildOps(make([]op, 0, len(policies)), make([]result, 0, len(policies)), policies, &req)
-	var allowed bool
-	var err error
-	if eval != nil {
-		allowed, err = eval(ctx, subj, ops, res)
-	} else {
-		allowed, err = l.store.eval(ctx, now, subj, ops, res)
-	}
-	if err != nil {
-		return err
-	}
-	l.record(d, subj, policies, ops, res, allowed)
-	return nil
-}
-
-// evalInMemory is evalGroupWith for the MemoryStore, called directly so
-// that the buffers stay on the stack (through the Store interface they
-// would escape to the heap on every decision).
-func (l *Limiter) evalInMemory(ctx context.Context, ms *MemoryStore, now time.Time, subj Subject, policies []*Policy, req *Request, d *Decision) error {
+	// Buffers stay on the stack for up to 8 policies (through the Store
+	// interface they would escape to the heap on every decision, so the
+	// MemoryStore is called directly).
 	var opBuf [8]op
 	var resBuf [8]result
-	ops, res := opBuf[:0], resBuf[:0]
-	if len(policies) > len(opBuf) {
-		ops, res = make([]op, 0, len(policies)), make([]result, 0, len(policies))
+	var subjBuf [8]Subject
+	var polBuf [8]*Policy
+	ops, res, subjs, pols := opBuf[:0], resBuf[:0], subjBuf[:0], polBuf[:0]
+	if n > len(opBuf) {
+		ops, res, subjs, pols = make([]op, 0, n), make([]result, 0, n), make([]Subject, 0, n), make([]*Policy, 0, n)
 	}
-	ops, res = l.buildOps(ops, res, policies, req)
-	allowed, err := ms.eval(ctx, now, subj, ops, res)
+	for _, g := range groups {
+		for _, p := range g.Policies {
+			ops = append(ops, l.opFor(p, costOf(p, req)))
+			res = append(res, result{})
+			subjs = append(subjs, g.Subject)
+			pols = append(pols, p)
+		}
+	}
+	var allowed bool
+	var err error
+	switch ms, isMem := l.store.(*MemoryStore); {
+	case eval != nil:
+		allowed, err = eval(ctx, subjs, ops, res)
+	case isMem:
+		allowed, err = ms.eval(ctx, now, subjs, ops, res)
+	default:
+		allowed, err = l.store.eval(ctx, now, subjs, ops, res)
+	}
 	if err != nil {
-		return err
+		return false, err
 	}
-	l.record(d, subj, policies, ops, res, allowed)
-	return nil
+	l.record(d, pols, subjs, ops, res, allowed)
+	if usage != nil {
+		usage(now, req, pols, subjs, ops, res, allowed)
+	}
+	return allowed, nil
 }
 
-// buildOps appends the store operations of policies for req.
-func (l *Limiter) buildOps(ops []op, res []result, policies []*Policy, req *Request) ([]op, []result) {
-	for _, p := range policies {
-		ops = append(ops, l.opFor(p, costOf(p, req)))
-		res = append(res, result{})
-	}
-	return ops, res
-}
-
-// record appends the store's answers for one subject's policies to d.
-func (l *Limiter) record(d *Decision, subj Subject, policies []*Policy, ops []op, res []result, allowed bool) {
+// record appends the store's answers for the request's policies to d;
+// policies the store skipped are not reported.
+func (l *Limiter) record(d *Decision, pols []*Policy, subjs []Subject, ops []op, res []result, allowed bool) {
 	if !allowed {
 		d.Allowed = false
 	}
 	d.Source = worse(d.Source, SourceStore)
 	if d.Policies == nil {
-		d.Policies = make([]PolicyDecision, 0, len(policies))
+		d.Policies = make([]PolicyDecision, 0, len(pols))
 	}
-	for i, p := range policies {
+	for i, p := range pols {
 		r := &res[i]
+		if r.skipped {
+			continue
+		}
 		pd := PolicyDecision{
 			Policy:     p,
-			Subject:    subj,
+			Subject:    subjs[i],
 			Allowed:    r.allowed,
 			Cost:       ops[i].cost,
 			Limit:      p.capacity(),

@@ -1,17 +1,31 @@
--- Quotient: evaluate every policy of one subject atomically.
+#!lua flags=allow-cross-slot-keys
+-- Quotient: evaluate every policy of one request atomically, across its
+-- subjects: if an enforced policy of any subject rejects, nothing is
+-- written for any subject.
 -- This script mirrors algorithm.go line for line (same integer state, same
 -- double divisions in the same order); change both together. It is written
 -- for speed: per-op state lives in flat local arrays, not one table per op.
 --
--- KEYS: for each op, its state key, then its share key when the op is a
--- global bucket.
+-- Keys: for each op, its state key, then its share key when the op is a
+-- global bucket. KEYS holds the keys of the first subject (one cluster
+-- slot, as Redis Cluster requires of declared keys); the keys of the other
+-- subjects follow the op values in ARGV, and the flag
+-- allow-cross-slot-keys lets the script reach them. On a cluster the
+-- caller sends one call only when every subject's slot is on this node
+-- (a key of another node fails the call in the first loop, which only
+-- reads, so nothing is written).
 -- ARGV[1]: '' (use Redis server TIME) or a time in µs (tests only).
 -- ARGV[2]: number of ops; then 8 values per op:
 --   algo (1 token, 2 leaky, 3 fixed, 4 sliding log, 5 sliding counter,
 --   6 fixed replicated across regions), flags (1 enforce, 2 global), cost,
 --   rate (milli-tokens/s), burst (milli-tokens), limit, window (ms; 0 for
---   algo 3 and 6: the UTC calendar month), and this region's name (algo 6).
--- Returns {allowed, then per op: admit, remaining, reset_ms, retry_ms, delay_ms}.
+--   algo 3 and 6: the UTC calendar month), and this region's name (algo 6);
+--   then the keys that do not fit in KEYS, in op order.
+-- Returns {allowed, now (µs), then per op: admit, remaining, reset_ms,
+-- retry_ms, delay_ms, refund_a, refund_b}. The refund values say what an
+-- op wrote, for refund.lua (0, 0 when it wrote nothing): buckets the new
+-- time when full and the µs added; fixed windows, replicated windows and
+-- sliding counters the window start; sliding logs the entry's time (ms).
 local nowus
 if ARGV[1] ~= '' then
   nowus = tonumber(ARGV[1])
@@ -24,6 +38,9 @@ local now = floor(nowus / 1000)
 local NANO = 1000000000
 local NANO_PER_MILLI = 1000000
 local n = tonumber(ARGV[2])
+local K = {}
+for j = 1, #KEYS do K[j] = KEYS[j] end
+for j = 3 + 8 * n, #ARGV do K[#K + 1] = ARGV[j] end
 
 -- month(ms): the UTC calendar month containing ms, as start, end (ms).
 -- internal/calendar/month.go (MonthAt) in doubles: every value is an
@@ -81,10 +98,10 @@ for i = 1, n do
   local burst = tonumber(ARGV[base + 5])
   local limit = tonumber(ARGV[base + 6])
   local win = tonumber(ARGV[base + 7])
-  local key = KEYS[ki]
+  local key = K[ki]
   ki = ki + 1
   if flags >= 2 and algo ~= 6 then
-    local sh = call('HMGET', KEYS[ki], 'r', 'b')
+    local sh = call('HMGET', K[ki], 'r', 'b')
     ki = ki + 1
     if sh[1] and sh[2] then
       rate = tonumber(sh[1])
@@ -239,7 +256,7 @@ for i = 1, n do
   if not admit and ENF[i] then allowed = 0 end
 end
 
-local out = {allowed}
+local out = {allowed, nowus}
 for i = 1, n do
   local algo, cost, rate, burst, limit, win, key = ALGO[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i]
   local a, b, c, admit = A[i], B[i], C[i], ADMIT[i]
@@ -316,10 +333,22 @@ for i = 1, n do
   if allowed == 1 and admit then retry = 0 end
   local adm = 0
   if admit then adm = 1 end
+  local ra, rb = 0, 0
+  if write then
+    if algo == 1 or algo == 2 then
+      ra, rb = a, a - A[i]
+    elseif algo == 4 then
+      ra = LOG[i][#LOG[i]][1]
+    else
+      ra = a
+    end
+  end
   out[#out + 1] = adm
   out[#out + 1] = remaining
   out[#out + 1] = reset
   out[#out + 1] = retry
   out[#out + 1] = delay
+  out[#out + 1] = ra
+  out[#out + 1] = rb
 end
 return out
