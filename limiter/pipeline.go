@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -104,6 +105,8 @@ type pipeliner struct {
 	// holds it exclusively, so nothing is enqueued after close drains.
 	mu     sync.RWMutex
 	closed bool
+	// inFlight is the number of calls sent and not yet answered.
+	inFlight atomic.Int64
 }
 
 func newPipeliner(client redis.UniversalClient, cfg PipelineConfig) *pipeliner {
@@ -191,6 +194,8 @@ func (p *pipeliner) send(batch []*pending) {
 	for i, req := range batch {
 		cmds[i] = req.script.EvalSha(ctx, pipe, req.keys, req.args...)
 	}
+	p.inFlight.Add(int64(len(batch)))
+	defer p.inFlight.Add(-int64(len(batch)))
 	_, _ = pipe.Exec(ctx)
 	var retry []int
 	for i, cmd := range cmds {

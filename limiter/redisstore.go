@@ -266,7 +266,7 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 		v, err = evalScript.Run(ctx, s.client, keys, args...).Int64Slice()
 	}
 	if err != nil {
-		return false, 0, fmt.Errorf("%w: %v", ErrStoreUnavailable, err)
+		return false, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	if len(v) != 2+7*len(ops) {
 		return false, 0, fmt.Errorf("%w: script returned %d values for %d policies", ErrStoreUnavailable, len(v), len(ops))
