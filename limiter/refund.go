@@ -55,6 +55,16 @@ import (
 //     tokens withheld, about 0.02 tokens for a 10/s bucket and a 2 ms
 //     window.
 //
+// All of this assumes the node's clock (Redis TIME) does not step back
+// between the consuming call and later decisions. The consuming call may
+// have moved a state on to its own time (a bucket's time when full to at
+// least then, a window to the window of then, a sliding log with the
+// entries then out of the window dropped); the refund keeps that move.
+// Decisions at times after the consuming call are the same as if the
+// request had never consumed; a clock stepping back behind it sees the
+// state of then (the limiter never lets a state go back in time), as it
+// would after any admitted request.
+//
 // Rejected requests report the refunded policies' quota as it was before
 // the request (remaining plus the cost); their reset time is the one the
 // consuming call gave, an upper bound.

@@ -69,8 +69,12 @@ for i = 1, n do
     if w and tonumber(w) == ra then
       local f = 'n:' .. region
       local c = tonumber(call('HGET', key, f) or '0') - cost
-      if c < 0 then c = 0 end
-      call('HSET', key, f, c)
+      if c > 0 then
+        call('HSET', key, f, c)
+      else
+        -- A count of 0 is no count (as if never written).
+        call('HDEL', key, f)
+      end
       done = done + 1
     end
   elseif algo == 5 then
