@@ -285,3 +285,157 @@ func TestAllOrNothingConcurrent(t *testing.T) {
 		})
 	}
 }
+
+// TestAllOrNothingDenyCacheAnswersForTheRequest: once the store rejected
+// the account, a request of another key of the account is rejected from
+// the deny cache with no store call at all, and the key's state is
+// untouched (before, the key's group still went to the store and
+// consumed).
+func TestAllOrNothingDenyCacheAnswersForTheRequest(t *testing.T) {
+	fs := newFlakyStore()
+	clock := newManualClock()
+	l, err := New(Config{Store: fs, Clock: clock}, mustPolicies(t, keyAccountPolicies))
+	require.NoError(t, err)
+	ctx := context.Background()
+	for i := range 8 {
+		d, err := l.Check(ctx, Request{Identity: Identity{APIKey: fmt.Sprintf("k%d", i), Account: "acme"}})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	d, err := l.Check(ctx, Request{Identity: Identity{APIKey: "k8", Account: "acme"}})
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, SourceStore, d.Source)
+	calls := fs.calls.Load()
+	d, err = l.Check(ctx, Request{Identity: Identity{APIKey: "k9", Account: "acme"}})
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, SourceDenyCache, d.Source)
+	require.Len(t, d.Policies, 1, "only the cached policy is reported")
+	assert.Equal(t, "acct", d.Policies[0].Policy.ID)
+	assert.Equal(t, calls, fs.calls.Load(), "no store call for any subject")
+	lm, err := New(Config{Store: fs.mem, Clock: clock}, mustPolicies(t, keyAccountPolicies))
+	require.NoError(t, err)
+	for _, k := range []string{"k8", "k9"} {
+		assert.Equal(t, int64(5), peek(t, lm, Subject{Kind: SubjectAPIKey, Value: k}, "burst").Remaining, k)
+	}
+}
+
+// TestAllOrNothingFallback: while the store is down, the fallback limiters
+// of all the request's subjects decide together: the account's fallback
+// (limit 8 x OpenFactor 2 = 16 at once) refusing leaves the key's fallback
+// (burst 20 x 2 = 40) unspent.
+func TestAllOrNothingFallback(t *testing.T) {
+	fs := newFlakyStore()
+	fs.failing.Store(true)
+	l, err := New(Config{Store: fs, Clock: newManualClock()}, mustPolicies(t, `[
+		{"id":"burst","subject":"api_key","algorithm":"token_bucket","rate_per_sec":0.01,"burst":20},
+		{"id":"acct","subject":"account","algorithm":"fixed_window","limit":8,"window_s":3600}]`))
+	require.NoError(t, err)
+	ctx := context.Background()
+	admitted := 0
+	for range 25 {
+		d, err := l.Check(ctx, Request{Identity: Identity{APIKey: "k", Account: "acme"}})
+		require.NoError(t, err)
+		require.Equal(t, SourceFallback, d.Source)
+		if d.Allowed {
+			admitted++
+		}
+	}
+	assert.Equal(t, 16, admitted, "the account's fallback admits 16")
+	d, err := l.CheckSubjectFallbackAt(l.Now(), Subject{Kind: SubjectAPIKey, Value: "k"}, l.Policies()[:1], 0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(40-16), d.Policies[0].Remaining, "the key's fallback spent only the admitted requests")
+}
+
+// TestAllOrNothingUsage: a request that the account rejects counts its
+// global key policy's demand but admits nothing, and a skipped or
+// rejected subject's global policy is counted as demand too.
+func TestAllOrNothingUsage(t *testing.T) {
+	clock := newManualClock()
+	l, err := New(Config{Clock: clock}, mustPolicies(t, `[
+		{"id":"g","subject":"api_key","algorithm":"token_bucket","rate_per_sec":1,"burst":100,"scope":"global"},
+		{"id":"acct","subject":"account","algorithm":"fixed_window","limit":2,"window_s":3600}]`))
+	require.NoError(t, err)
+	for range 5 {
+		_, err := l.Check(context.Background(), Request{Identity: Identity{APIKey: "k", Account: "acme"}})
+		require.NoError(t, err)
+	}
+	got := l.usage.take()
+	require.Len(t, got, 1)
+	assert.Equal(t, int64(5), got[0].Demand, "every attempt")
+	assert.Equal(t, int64(2), got[0].Admitted, "only what was consumed")
+	assert.Equal(t, int64(98), peek(t, l, Subject{Kind: SubjectAPIKey, Value: "k"}, "g").Remaining)
+}
+
+func TestCheckSubjectsIntoErrorsName(t *testing.T) {
+	l, err := New(Config{}, mustPolicies(t, keyAccountPolicies))
+	require.NoError(t, err)
+	ps := l.Policies()
+	k := Subject{Kind: SubjectAPIKey, Value: "k"}
+	var d Decision
+	err = l.CheckSubjectsInto(context.Background(), l.Now(), []SubjectPolicies{{k, ps[:1]}, {k, ps[1:]}}, Request{}, &d)
+	assert.ErrorContains(t, err, "subject k:k listed twice")
+	err = l.CheckSubjectsInto(context.Background(), l.Now(), []SubjectPolicies{{k, []*Policy{ps[0], ps[0]}}}, Request{}, &d)
+	assert.ErrorContains(t, err, `policy "burst" listed twice`)
+	err = l.CheckSubjectsInto(context.Background(), l.Now(), []SubjectPolicies{{k, []*Policy{{ID: "raw"}}}}, Request{}, &d)
+	assert.ErrorIs(t, err, ErrNoPolicies)
+	// Several subjects of one kind (two descriptors naming two keys): one
+	// request, all or nothing.
+	k2 := Subject{Kind: SubjectAPIKey, Value: "k2"}
+	acct := Subject{Kind: SubjectAccount, Value: "acme"}
+	for range 5 {
+		require.NoError(t, l.CheckSubjectsInto(context.Background(), l.Now(), []SubjectPolicies{{k, ps[:1]}, {acct, ps[1:]}}, Request{}, &d))
+		require.True(t, d.Allowed)
+	}
+	require.NoError(t, l.CheckSubjectsInto(context.Background(), l.Now(), []SubjectPolicies{{k2, ps[:1]}, {k, ps[:1]}, {acct, ps[1:]}}, Request{}, &d))
+	assert.False(t, d.Allowed, "k's burst is empty")
+	assert.Equal(t, int64(5), peek(t, l, k2, "burst").Remaining, "k2 spent nothing")
+	assert.Equal(t, int64(3), peek(t, l, acct, "acct").Remaining, "the account spent nothing")
+}
+
+// TestRefundOfATouchedBucketNeverMints: a bucket refunded after another
+// request consumed from it in between is given back at most what keeps
+// it no fuller than it would be without the refunded request, and at
+// most the refund window x rate tokens less; untouched, it is restored
+// exactly.
+func TestRefundOfATouchedBucketNeverMints(t *testing.T) {
+	rs := NewRedisStore(redistest.StartServer(t).Client())
+	rs.decideAtGivenTime()
+	ctx := context.Background()
+	p := mustPolicy(t, `{"id":"tb","algorithm":"token_bucket","rate_per_sec":10,"burst":10}`)
+	l, err := New(Config{Store: rs}, []*Policy{p})
+	require.NoError(t, err)
+	tc := time.Now().Add(time.Hour).Truncate(time.Second)
+	consume := func(subj Subject, at time.Time, cost int64) *refundInfo {
+		ops := []op{l.opFor(p, cost)}
+		ri := &refundInfo{ra: make([]int64, 1), rb: make([]int64, 1), wrote: make([]bool, 1)}
+		ok, _, err := rs.evalCall(ctx, at, []Subject{subj}, ops, make([]result, 1), ri)
+		require.NoError(t, err)
+		require.True(t, ok)
+		return ri
+	}
+	stored := func(subj Subject) int64 {
+		v, err := rs.client.Get(ctx, StateKey(subj, p)).Int64()
+		require.NoError(t, err)
+		return v
+	}
+	// Untouched: back to the state before the request (full at tc).
+	a := Subject{Kind: SubjectAPIKey, Value: "untouched"}
+	ri := consume(a, tc, 5)
+	require.NoError(t, rs.refund(ctx, tc.Add(2*time.Millisecond), a, []op{l.opFor(p, 5)}, ri, 0, ri.nowUs))
+	assert.Equal(t, tc.UnixMicro(), stored(a))
+
+	// Touched: another request of cost 1 at tc+1ms. Without the refunded
+	// request it would have found the bucket full: full again at
+	// tc+1ms+100ms.
+	b := Subject{Kind: SubjectAPIKey, Value: "touched"}
+	ri = consume(b, tc, 5)
+	consume(b, tc.Add(time.Millisecond), 1)
+	tr := tc.Add(2 * time.Millisecond)
+	require.NoError(t, rs.refund(ctx, tr, b, []op{l.opFor(p, 5)}, ri, 0, ri.nowUs))
+	exact := tc.Add(101 * time.Millisecond).UnixMicro()
+	got := stored(b)
+	assert.GreaterOrEqual(t, got, exact, "never fuller than without the request")
+	assert.LessOrEqual(t, got-exact, tr.Sub(tc).Microseconds(), "at most the refund window withheld")
+}
