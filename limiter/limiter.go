@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -475,15 +476,17 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 			nk++
 		}
 	}
-	var groupBuf [maxSubjects]SubjectPolicies
+	// The request's policies, flattened: subjs[i] is the subject of
+	// pols[i], one subject's policies consecutive. Flat arrays (not a
+	// slice of groups) keep both on the stack.
 	var polBuf [16]*Policy
-	groups, pols := groupBuf[:0], polBuf[:0]
+	var subjBuf [16]Subject
+	pols, subjs := polBuf[:0], subjBuf[:0]
 	for _, kind := range kinds[:nk] {
 		subj, ok := req.Identity.Subject(kind)
 		if !ok {
 			continue
 		}
-		from := len(pols)
 		for _, p := range policies {
 			if p.Subject == kind && p.Matches(req.Identity.Tier, req.Method, req.Path) {
 				if l.overrides != nil {
@@ -491,12 +494,11 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 						p = o
 					}
 				}
-				pols = append(pols, p)
+				pols, subjs = append(pols, p), append(subjs, subj)
 			}
 		}
-		groups = append(groups, SubjectPolicies{Subject: subj, Policies: pols[from:len(pols):len(pols)]})
 	}
-	return l.finish(ctx, now, start, groups, &req, d)
+	return l.finish(ctx, now, start, pols, subjs, &req, d)
 }
 
 // CheckSubjectsInto decides one request whose subjects and policies the
@@ -539,17 +541,15 @@ func (l *Limiter) CheckSubjectsInto(ctx context.Context, now time.Time, subjects
 		start = time.Now()
 	}
 	*d = Decision{Allowed: true, Source: SourceNone, Policies: d.Policies[:0]}
-	groups := make([]SubjectPolicies, 0, len(subjects))
+	var pols []*Policy
+	var subjs []Subject
 	for i, sp := range subjects {
 		if len(sp.Policies) == 0 {
 			continue
 		}
-		for _, g := range groups {
-			if g.Subject == sp.Subject {
-				return fmt.Errorf("limiter: subjects[%d]: subject %s listed twice", i, sp.Subject.Key())
-			}
+		if slices.Contains(subjs, sp.Subject) {
+			return fmt.Errorf("limiter: subjects[%d]: subject %s listed twice", i, sp.Subject.Key())
 		}
-		ps := make([]*Policy, 0, len(sp.Policies))
 		for j, p := range sp.Policies {
 			if p == nil || !p.validated {
 				return fmt.Errorf("%w: subjects[%d].Policies[%d]", ErrNoPolicies, i, j)
@@ -564,17 +564,17 @@ func (l *Limiter) CheckSubjectsInto(ctx context.Context, now time.Time, subjects
 					p = o
 				}
 			}
-			ps = append(ps, p)
+			pols, subjs = append(pols, p), append(subjs, sp.Subject)
 		}
-		groups = append(groups, SubjectPolicies{Subject: sp.Subject, Policies: ps})
 	}
 	req.Identity = Identity{}
-	return l.finish(ctx, now, start, groups, &req, d)
+	return l.finish(ctx, now, start, pols, subjs, &req, d)
 }
 
-// finish decides the selected groups and observes the decision.
-func (l *Limiter) finish(ctx context.Context, now, start time.Time, groups []SubjectPolicies, req *Request, d *Decision) error {
-	if err := l.decide(ctx, now, groups, req, d); err != nil {
+// finish decides the selected policies (subjs[i] is the subject of
+// pols[i]) and observes the decision.
+func (l *Limiter) finish(ctx context.Context, now, start time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) error {
+	if err := l.decide(ctx, now, pols, subjs, req, d); err != nil {
 		*d = Decision{Policies: d.Policies[:0]}
 		return err
 	}
@@ -604,8 +604,11 @@ func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Sub
 	}
 	d := Decision{Allowed: true, Source: SourceNone}
 	req := Request{Cost: cost, Peek: cost == 0}
-	groups := [1]SubjectPolicies{{Subject: subject, Policies: policies}}
-	if _, err := l.evalAll(ctx, now, groups[:], &req, &d, nil); err != nil {
+	subjs := make([]Subject, len(policies))
+	for i := range subjs {
+		subjs[i] = subject
+	}
+	if _, err := l.evalAll(ctx, now, policies, subjs, &req, &d, false); err != nil {
 		return Decision{}, err
 	}
 	return d, nil
@@ -664,27 +667,27 @@ func worse(a, b Source) Source {
 	return a
 }
 
-// decide decides the request's groups (see CheckSubjectsInto) and appends
-// their PolicyDecisions to d.
-func (l *Limiter) decide(ctx context.Context, now time.Time, groups []SubjectPolicies, req *Request, d *Decision) error {
-	if len(groups) == 0 {
+// decide decides the request's policies (see CheckSubjectsInto) and
+// appends their PolicyDecisions to d.
+func (l *Limiter) decide(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) error {
+	if len(pols) == 0 {
 		return nil
 	}
 	if !l.remote {
-		_, err := l.evalAll(ctx, now, groups, req, d, l.countUsage)
+		_, err := l.evalAll(ctx, now, pols, subjs, req, d, true)
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrCanceled, err)
 	}
 	nowNs := now.UnixNano()
-	if l.deny != nil && !req.Peek && l.denyHit(now, nowNs, groups, req, d) {
+	if l.deny != nil && !req.Peek && l.denyHit(now, nowNs, pols, subjs, req, d) {
 		return nil
 	}
 	ok, probe := l.breaker.Allow(now)
 	if ok {
 		base := len(d.Policies)
-		_, err := l.evalAllDeadline(ctx, now, groups, req, d, l.countUsage)
+		_, err := l.evalAllDeadline(ctx, now, pols, subjs, req, d)
 		if err == nil {
 			l.breaker.Record(now, probe, true)
 			l.fillDenyCache(nowNs, d.Policies[base:], req)
@@ -698,51 +701,47 @@ func (l *Limiter) decide(ctx context.Context, now time.Time, groups []SubjectPol
 		l.breaker.Record(now, probe, false)
 		l.metrics.storeError()
 	}
-	return l.fallbackAll(now, groups, req, d)
+	return l.fallbackAll(now, pols, subjs, req, d)
 }
 
 // denyHit answers the whole request from the deny cache if an enforced
 // policy of any of its subjects rejects req's cost there: no store call
 // is made for any subject, and only the cached policies are reported.
-func (l *Limiter) denyHit(now time.Time, nowNs int64, groups []SubjectPolicies, req *Request, d *Decision) bool {
+func (l *Limiter) denyHit(now time.Time, nowNs int64, pols []*Policy, subjs []Subject, req *Request, d *Decision) bool {
 	hit := false
-	for _, g := range groups {
-		subj := g.Subject
-		for _, p := range g.Policies {
-			if p.Mode != Enforce {
-				continue
-			}
-			cost := costOf(p, req)
-			e, ok := l.deny.lookup(denyKey{policy: p.ID, kind: subj.Kind, value: subj.Value}, cost, nowNs)
-			if !ok {
-				continue
-			}
-			hit = true
-			retry := ceilMs(time.Duration(e.until - nowNs))
-			reset := max(retry, ceilMs(time.Duration(e.resetAt-nowNs)))
-			d.Policies = append(d.Policies, PolicyDecision{
-				Policy:     p,
-				Subject:    subj,
-				Cost:       cost,
-				Limit:      p.capacity(),
-				Remaining:  e.remaining,
-				ResetAfter: reset,
-				RetryAfter: retry,
-				Never:      cost > p.capacity(),
-				Source:     SourceDenyCache,
-			})
+	for i, p := range pols {
+		if p.Mode != Enforce {
+			continue
 		}
+		subj := subjs[i]
+		cost := costOf(p, req)
+		e, ok := l.deny.lookup(denyKey{policy: p.ID, kind: subj.Kind, value: subj.Value}, cost, nowNs)
+		if !ok {
+			continue
+		}
+		hit = true
+		retry := ceilMs(time.Duration(e.until - nowNs))
+		reset := max(retry, ceilMs(time.Duration(e.resetAt-nowNs)))
+		d.Policies = append(d.Policies, PolicyDecision{
+			Policy:     p,
+			Subject:    subj,
+			Cost:       cost,
+			Limit:      p.capacity(),
+			Remaining:  e.remaining,
+			ResetAfter: reset,
+			RetryAfter: retry,
+			Never:      cost > p.capacity(),
+			Source:     SourceDenyCache,
+		})
 	}
 	if !hit {
 		return false
 	}
 	d.Allowed = false
 	d.Source = worse(d.Source, SourceDenyCache)
-	for _, g := range groups {
-		for _, p := range g.Policies {
-			if p.Scope == ScopeGlobal {
-				l.usage.add(now, p.ID, g.Subject, costOf(p, req), 0)
-			}
+	for i, p := range pols {
+		if p.Scope == ScopeGlobal {
+			l.usage.add(now, p.ID, subjs[i], costOf(p, req), 0)
 		}
 	}
 	return true
@@ -768,15 +767,11 @@ func (l *Limiter) fillDenyCache(nowNs int64, pds []PolicyDecision, req *Request)
 }
 
 // fallbackAll answers the request in process, all subjects at once.
-func (l *Limiter) fallbackAll(now time.Time, groups []SubjectPolicies, req *Request, d *Decision) error {
+func (l *Limiter) fallbackAll(now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) error {
 	var costBuf [16]int64
-	var polBuf [16]*Policy
-	var subjBuf [16]Subject
-	costs, pols, subjs := costBuf[:0], polBuf[:0], subjBuf[:0]
-	for _, g := range groups {
-		for _, p := range g.Policies {
-			costs, pols, subjs = append(costs, costOf(p, req)), append(pols, p), append(subjs, g.Subject)
-		}
+	costs := costBuf[:0]
+	for _, p := range pols {
+		costs = append(costs, costOf(p, req))
 	}
 	base := len(d.Policies)
 	for range pols {
@@ -823,9 +818,6 @@ func (l *Limiter) countUsage(now time.Time, req *Request, pols []*Policy, subjs 
 	}
 }
 
-// usageFunc receives the flattened ops of one decided request.
-type usageFunc func(now time.Time, req *Request, pols []*Policy, subjs []Subject, ops []op, res []result, allowed bool)
-
 // storeCall is one store call run in its own goroutine, so that the
 // caller can abandon it at the deadline; it owns copies of the buffers.
 type storeCall struct {
@@ -837,12 +829,12 @@ type storeCall struct {
 	done    chan struct{}
 }
 
-// evalAllDeadline is evalAll with the store call bounded by the deadline,
-// whatever the store does.
-func (l *Limiter) evalAllDeadline(ctx context.Context, now time.Time, groups []SubjectPolicies, req *Request, d *Decision, usage usageFunc) (bool, error) {
+// evalAllDeadline is evalAll (with usage counted) with the store call
+// bounded by the deadline, whatever the store does.
+func (l *Limiter) evalAllDeadline(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) (bool, error) {
 	if rs, ok := l.store.(*RedisStore); ok && rs.boundedByContext {
 		// go-redis ends every wait of the call at the context's deadline.
-		return l.evalAllWith(ctx, now, groups, req, d, usage, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
+		return l.evalAllWith(ctx, now, pols, subjs, req, d, true, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
 			cctx, cancel := context.WithTimeout(ctx, l.deadline)
 			defer cancel()
 			allowed, err := rs.eval(cctx, now, subjs, ops, res)
@@ -852,7 +844,7 @@ func (l *Limiter) evalAllDeadline(ctx context.Context, now time.Time, groups []S
 			return allowed, err
 		})
 	}
-	return l.evalAllWith(ctx, now, groups, req, d, usage, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
+	return l.evalAllWith(ctx, now, pols, subjs, req, d, true, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
 		cctx, cancel := context.WithTimeout(ctx, l.deadline)
 		c := &storeCall{subjs: append([]Subject(nil), subjs...), ops: append([]op(nil), ops...), res: make([]result, len(res)), done: make(chan struct{})}
 		go func() {
@@ -874,57 +866,66 @@ func (l *Limiter) evalAllDeadline(ctx context.Context, now time.Time, groups []S
 	})
 }
 
-// evalAll decides the groups in one store call (no deadline) and records
-// the answers in d; usage, when not nil, is called with the ops.
-func (l *Limiter) evalAll(ctx context.Context, now time.Time, groups []SubjectPolicies, req *Request, d *Decision, usage usageFunc) (bool, error) {
-	return l.evalAllWith(ctx, now, groups, req, d, usage, nil)
+// evalAll decides the policies in one store call (no deadline) and
+// records the answers in d; count counts usage.
+func (l *Limiter) evalAll(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool) (bool, error) {
+	if ms, ok := l.store.(*MemoryStore); ok {
+		return l.evalInMemory(ctx, ms, now, pols, subjs, req, d, count)
+	}
+	return l.evalAllWith(ctx, now, pols, subjs, req, d, count, nil)
 }
 
-func (l *Limiter) evalAllWith(ctx context.Context, now time.Time, groups []SubjectPolicies, req *Request, d *Decision, usage usageFunc, eval func(context.Context, []Subject, []op, []result) (bool, error)) (bool, error) {
-	n := 0
-	for _, g := range groups {
-		n += len(g.Policies)
-	}
-	if n == 0 {
-		return true, nil
-	}
-	// Buffers stay on the stack for up to 8 policies (through the Store
-	// interface they would escape to the heap on every decision, so the
-	// MemoryStore is called directly).
-	var opBuf [8]op
-	var resBuf [8]result
-	var subjBuf [8]Subject
-	var polBuf [8]*Policy
-	ops, res, subjs, pols := opBuf[:0], resBuf[:0], subjBuf[:0], polBuf[:0]
-	if n > len(opBuf) {
-		ops, res, subjs, pols = make([]op, 0, n), make([]result, 0, n), make([]Subject, 0, n), make([]*Policy, 0, n)
-	}
-	for _, g := range groups {
-		for _, p := range g.Policies {
-			ops = append(ops, l.opFor(p, costOf(p, req)))
-			res = append(res, result{})
-			subjs = append(subjs, g.Subject)
-			pols = append(pols, p)
-		}
-	}
+func (l *Limiter) evalAllWith(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool, eval func(context.Context, []Subject, []op, []result) (bool, error)) (bool, error) {
+	ops, res := l.buildOps(make([]op, 0, len(pols)), make([]result, 0, len(pols)), pols, req)
 	var allowed bool
 	var err error
-	switch ms, isMem := l.store.(*MemoryStore); {
-	case eval != nil:
-		allowed, err = eval(ctx, subjs, ops, res)
-	case isMem:
-		allowed, err = ms.eval(ctx, now, subjs, ops, res)
-	default:
-		allowed, err = l.store.eval(ctx, now, subjs, ops, res)
+	// A copy: subjs may live on the caller's stack, and through a func
+	// value or the Store interface it would have to escape.
+	heapSubjs := append([]Subject(nil), subjs...)
+	if eval != nil {
+		allowed, err = eval(ctx, heapSubjs, ops, res)
+	} else {
+		allowed, err = l.store.eval(ctx, now, heapSubjs, ops, res)
 	}
 	if err != nil {
 		return false, err
 	}
 	l.record(d, pols, subjs, ops, res, allowed)
-	if usage != nil {
-		usage(now, req, pols, subjs, ops, res, allowed)
+	if count {
+		l.countUsage(now, req, pols, subjs, ops, res, allowed)
 	}
 	return allowed, nil
+}
+
+// evalInMemory is evalAll for the MemoryStore, called directly so that
+// the buffers stay on the stack (through the Store interface they would
+// escape to the heap on every decision).
+func (l *Limiter) evalInMemory(ctx context.Context, ms *MemoryStore, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool) (bool, error) {
+	var opBuf [8]op
+	var resBuf [8]result
+	ops, res := opBuf[:0], resBuf[:0]
+	if len(pols) > len(opBuf) {
+		ops, res = make([]op, 0, len(pols)), make([]result, 0, len(pols))
+	}
+	ops, res = l.buildOps(ops, res, pols, req)
+	allowed, err := ms.eval(ctx, now, subjs, ops, res)
+	if err != nil {
+		return false, err
+	}
+	l.record(d, pols, subjs, ops, res, allowed)
+	if count {
+		l.countUsage(now, req, pols, subjs, ops, res, allowed)
+	}
+	return allowed, nil
+}
+
+// buildOps appends the store operations of policies for req.
+func (l *Limiter) buildOps(ops []op, res []result, policies []*Policy, req *Request) ([]op, []result) {
+	for _, p := range policies {
+		ops = append(ops, l.opFor(p, costOf(p, req)))
+		res = append(res, result{})
+	}
+	return ops, res
 }
 
 // record appends the store's answers for the request's policies to d;
