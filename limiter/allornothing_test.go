@@ -439,3 +439,25 @@ func TestRefundOfATouchedBucketNeverMints(t *testing.T) {
 	assert.GreaterOrEqual(t, got, exact, "never fuller than without the request")
 	assert.LessOrEqual(t, got-exact, tr.Sub(tc).Microseconds(), "at most the refund window withheld")
 }
+
+// TestAllOrNothingStaleSlotMap: when the client believes a request's
+// subjects share a node and they do not (a stale slot map), the one call
+// fails before writing anything and the request is decided in order.
+func TestAllOrNothingStaleSlotMap(t *testing.T) {
+	cl := redistest.StartCluster(t).Client()
+	keys := keysOnOneNode(t, cl, "s", 1)
+	_, other := accountsByNode(t, cl, keys...)
+	l, rs := aonLimiter(t, cl, keyAccountPolicies, midHour(), false)
+	rs.assumeOneNode = true
+	ctx := context.Background()
+	key, acct := Subject{Kind: SubjectAPIKey, Value: keys[0]}, Subject{Kind: SubjectAccount, Value: other}
+	ps := l.Policies()
+	ops := []op{l.opFor(ps[0], 1), l.opFor(ps[1], 1)}
+	_, _, err := rs.evalCall(ctx, l.Now(), []Subject{key, acct}, ops, make([]result, 2), nil)
+	require.ErrorContains(t, err, "non local key")
+	n, err := cl.Exists(ctx, StateKey(key, ps[0])).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(0), n, "the failed call wrote nothing")
+	assert.Equal(t, append(repeat("200", 5), repeat("429", 3)...), sendStatus(t, l, keys[0], other, 8))
+	assert.Equal(t, int64(3), peek(t, l, acct, "acct").Remaining)
+}
