@@ -461,3 +461,55 @@ func TestAllOrNothingStaleSlotMap(t *testing.T) {
 	assert.Equal(t, append(repeat("200", 5), repeat("429", 3)...), sendStatus(t, l, keys[0], other, 8))
 	assert.Equal(t, int64(3), peek(t, l, acct, "acct").Remaining)
 }
+
+// TestCheckSubjectsAtRaw: the raw multi-subject paths (the simulator's)
+// are all or nothing across subjects too, in the store and in the
+// fallback.
+func TestCheckSubjectsAtRaw(t *testing.T) {
+	l, err := New(Config{Clock: newManualClock()}, mustPolicies(t, keyAccountPolicies))
+	require.NoError(t, err)
+	ps := l.Policies()
+	ctx := context.Background()
+	acct := Subject{Kind: SubjectAccount, Value: "acme"}
+	req := func(key string) []SubjectPolicies {
+		return []SubjectPolicies{{Subject{Kind: SubjectAPIKey, Value: key}, ps[:1]}, {acct, ps[1:]}}
+	}
+	var got []bool
+	for range 8 {
+		d, err := l.CheckSubjectsAt(ctx, l.Now(), req("k3"), 1)
+		require.NoError(t, err)
+		got = append(got, d.Allowed)
+	}
+	assert.Equal(t, []bool{true, true, true, true, true, false, false, false}, got)
+	for i := range 4 {
+		d, err := l.CheckSubjectsAt(ctx, l.Now(), req("k4"), 1)
+		require.NoError(t, err)
+		assert.Equal(t, i < 3, d.Allowed, "k4 request %d", i)
+	}
+	// Fallback: the account's limiter (8 x 2) refuses after 16, the key's
+	// (5 x 2) after 10; k5 spends 10, then k6 gets the account's last 6.
+	got = got[:0]
+	for _, k := range []string{"k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5"} {
+		d, err := l.CheckSubjectsFallbackAt(l.Now(), req(k), 1)
+		require.NoError(t, err)
+		got = append(got, d.Allowed)
+	}
+	assert.Equal(t, append(repeat2(true, 10), false, false), got)
+	admitted := 0
+	for range 10 {
+		d, err := l.CheckSubjectsFallbackAt(l.Now(), req("k6"), 1)
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+		}
+	}
+	assert.Equal(t, 6, admitted, "k5's refused requests did not spend the account's fallback")
+}
+
+func repeat2(v bool, n int) []bool {
+	out := make([]bool, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}

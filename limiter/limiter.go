@@ -376,7 +376,11 @@ type Decision struct {
 	// (fallback over deny cache over store).
 	Source Source
 	// Policies holds one entry per policy evaluated, in policy-set order
-	// grouped by subject.
+	// grouped by subject. On a Redis Cluster whose nodes split the
+	// request's subjects, the subjects after the first one that rejects
+	// are not evaluated and have no entry, and the subjects before it,
+	// whose consumption was refunded, report Remaining as before the
+	// request and ResetAfter as if it had consumed (an upper bound).
 	Policies []PolicyDecision
 }
 
@@ -541,6 +545,17 @@ func (l *Limiter) CheckSubjectsInto(ctx context.Context, now time.Time, subjects
 		start = time.Now()
 	}
 	*d = Decision{Allowed: true, Source: SourceNone, Policies: d.Policies[:0]}
+	pols, subjs, err := l.flatten(subjects, now, true)
+	if err != nil {
+		return err
+	}
+	req.Identity = Identity{}
+	return l.finish(ctx, now, start, pols, subjs, &req, d)
+}
+
+// flatten checks subjects and returns its policies and, for each, its
+// subject, applying overrides when asked.
+func (l *Limiter) flatten(subjects []SubjectPolicies, now time.Time, overrides bool) ([]*Policy, []Subject, error) {
 	var pols []*Policy
 	var subjs []Subject
 	for i, sp := range subjects {
@@ -548,18 +563,18 @@ func (l *Limiter) CheckSubjectsInto(ctx context.Context, now time.Time, subjects
 			continue
 		}
 		if slices.Contains(subjs, sp.Subject) {
-			return fmt.Errorf("limiter: subjects[%d]: subject %s listed twice", i, sp.Subject.Key())
+			return nil, nil, fmt.Errorf("limiter: subjects[%d]: subject %s listed twice", i, sp.Subject.Key())
 		}
 		for j, p := range sp.Policies {
 			if p == nil || !p.validated {
-				return fmt.Errorf("%w: subjects[%d].Policies[%d]", ErrNoPolicies, i, j)
+				return nil, nil, fmt.Errorf("%w: subjects[%d].Policies[%d]", ErrNoPolicies, i, j)
 			}
 			for _, q := range sp.Policies[:j] {
 				if q.ID == p.ID {
-					return fmt.Errorf("limiter: subjects[%d]: policy %q listed twice", i, p.ID)
+					return nil, nil, fmt.Errorf("limiter: subjects[%d]: policy %q listed twice", i, p.ID)
 				}
 			}
-			if l.overrides != nil {
+			if overrides && l.overrides != nil {
 				if o, ok := l.overrides.Override(sp.Subject, p.ID, now); ok && o != nil && o.validated && o.ID == p.ID {
 					p = o
 				}
@@ -567,8 +582,7 @@ func (l *Limiter) CheckSubjectsInto(ctx context.Context, now time.Time, subjects
 			pols, subjs = append(pols, p), append(subjs, sp.Subject)
 		}
 	}
-	req.Identity = Identity{}
-	return l.finish(ctx, now, start, pols, subjs, &req, d)
+	return pols, subjs, nil
 }
 
 // finish decides the selected policies (subjs[i] is the subject of
@@ -611,6 +625,46 @@ func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Sub
 	if _, err := l.evalAll(ctx, now, policies, subjs, &req, &d, false); err != nil {
 		return Decision{}, err
 	}
+	return d, nil
+}
+
+// CheckSubjectsAt is CheckSubjectAt for several subjects of one request
+// (the simulator's requests that several subjects limit): one store
+// decision, all or nothing across the subjects as in Check, with one cost
+// for every policy (0 peeks), and none of the resilience layer, usage,
+// metrics or events. Errors: those of CheckSubjectsInto's checks, and a
+// store error with a zero Decision.
+func (l *Limiter) CheckSubjectsAt(ctx context.Context, now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
+	pols, subjs, err := l.flatten(subjects, now, false)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := Decision{Allowed: true, Source: SourceNone}
+	if len(pols) == 0 {
+		return d, nil
+	}
+	req := Request{Cost: cost, Peek: cost == 0}
+	if _, err := l.evalAll(ctx, now, pols, subjs, &req, &d, false); err != nil {
+		return Decision{}, err
+	}
+	return d, nil
+}
+
+// CheckSubjectsFallbackAt is CheckSubjectFallbackAt for several subjects
+// of one request: the in-process fallback decides them together, all or
+// nothing across them.
+func (l *Limiter) CheckSubjectsFallbackAt(now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
+	pols, subjs, err := l.flatten(subjects, now, false)
+	if err != nil {
+		return Decision{}, err
+	}
+	costs := make([]int64, len(pols))
+	for i := range costs {
+		costs[i] = cost
+	}
+	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(pols))}
+	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
+	d.Allowed = l.fb.decide(now, subjs, pols, costs, closedRetry, d.Policies)
 	return d, nil
 }
 
