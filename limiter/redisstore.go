@@ -35,7 +35,7 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 // on one node; on a cluster whose nodes split a request's subjects, one
 // call per subject in order with refunds (see eval and refund.go). Keys (see the package documentation):
 //
-//	rl:{<subject>}:<policy>:tb|lb         string: µs at which the bucket is full (empty)
+//	rl:{<subject>}:<policy>:tb|lb         12 bytes: nano-tokens at a ms (algorithm.go)
 //	rl:{<subject>}:<policy>:fw            string "<window start ms>:<count>"
 //	rl:{<subject>}:<policy>:sc            string "<window start ms>:<current>:<previous>"
 //	rl:{<subject>}:<policy>:sl            list: sliding window log, "ms:cost"
