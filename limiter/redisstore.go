@@ -214,19 +214,19 @@ func sameSubject(subjects []Subject) bool {
 }
 
 // refundInfo is what one script call wrote, for a refund: the call's
-// time and, per op, the two refund values of script.lua (ra, rb) and
-// whether the op wrote.
+// time and, per op, the five refund values of script.lua and whether the
+// op wrote. Set, it also asks the script for them in full.
 type refundInfo struct {
-	nowUs  int64
-	ra, rb []int64
-	wrote  []bool
+	nowUs int64
+	r     [][5]int64
+	wrote []bool
 }
 
 // evalCall runs one script call for ops (of one or several subjects on
 // one node). When ri is not nil it receives what the call wrote.
 func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Subject, ops []op, res []result, ri *refundInfo) (bool, int64, error) {
 	keys := make([]string, 0, len(ops)+1)
-	args := make([]any, 0, 2+9*len(ops))
+	args := make([]any, 0, 3+9*len(ops))
 	if s.passTime {
 		args = append(args, strconv.FormatInt(now.UnixMicro(), 10))
 	} else {
@@ -263,6 +263,11 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 		}
 		args = append(args, algoCode(o), flags, o.cost, o.rate, o.burst, o.limit, o.windowMs, o.region)
 	}
+	if ri != nil {
+		args = append(args, "1")
+	} else {
+		args = append(args, "0")
+	}
 	for _, k := range extra {
 		args = append(args, k)
 	}
@@ -279,12 +284,12 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 	if err != nil {
 		return false, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
-	if len(v) != 2+7*len(ops) {
+	if len(v) != 2+10*len(ops) {
 		return false, 0, fmt.Errorf("%w: script returned %d values for %d policies", ErrStoreUnavailable, len(v), len(ops))
 	}
 	allowed := v[0] == 1
 	for i := range ops {
-		b := 2 + 7*i
+		b := 2 + 10*i
 		res[i] = result{
 			allowed:   v[b] == 1,
 			remaining: v[b+1],
@@ -293,7 +298,7 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 			delayMs:   v[b+4],
 		}
 		if ri != nil {
-			ri.ra[i], ri.rb[i] = v[b+5], v[b+6]
+			copy(ri.r[i][:], v[b+5:b+10])
 			ri.wrote[i] = allowed && res[i].allowed && ops[i].cost > 0
 		}
 	}
