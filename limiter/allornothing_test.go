@@ -543,3 +543,30 @@ func repeat2(v bool, n int) []bool {
 	}
 	return out
 }
+
+// TestAllOrNothingLaterNodeDown: across nodes, when the key's call has
+// consumed and the account's node does not answer, the key is refunded
+// and the fallback answers the request: nothing stays spent in Redis for
+// a request the store did not decide.
+func TestAllOrNothingLaterNodeDown(t *testing.T) {
+	c := redistest.StartCluster(t)
+	cl := c.Client()
+	keys := keysOnOneNode(t, cl, "d", 1)
+	_, other := accountsByNode(t, cl, keys...)
+	l, rs := aonLimiter(t, cl, keyAccountPolicies, midHour(), false)
+	ctx := context.Background()
+	acctNode, err := cl.MasterForKey(ctx, StateKey(Subject{Kind: SubjectAccount, Value: other}, l.Policies()[1]))
+	require.NoError(t, err)
+	for _, n := range c.Nodes() {
+		if n.Addr() == acctNode.Options().Addr {
+			n.Stop()
+		}
+	}
+	d, err := l.Check(ctx, Request{Identity: Identity{APIKey: keys[0], Account: other}})
+	require.NoError(t, err)
+	assert.Equal(t, SourceFallback, d.Source)
+	n, err := cl.Exists(ctx, StateKey(Subject{Kind: SubjectAPIKey, Value: keys[0]}, l.Policies()[0])).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), n, "the key's consumption was given back")
+	assert.Equal(t, int64(0), rs.RefundFailures())
+}
