@@ -33,7 +33,8 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 // Redis has forgotten it), deciding with Redis server TIME so gateway clocks
 // do not matter, for all the subjects of a request at once when they live
 // on one node; on a cluster whose nodes split a request's subjects, one
-// call per subject in order with refunds (see eval and refund.go). Keys (see the package documentation):
+// call per subject in order with refunds (see eval and refund.go). Keys
+// (see the package documentation):
 //
 //	rl:{<subject>}:<policy>:tb|lb         12 bytes: nano-tokens at a ms (algorithm.go)
 //	rl:{<subject>}:<policy>:fw            string "<window start ms>:<count>"
@@ -242,15 +243,11 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 		}
 		// The first subject's keys are declared (one slot); the others
 		// travel in ARGV (see script.lua).
-		first := subjects[i] == subjects[0]
-		add := func(k string) {
-			if first {
-				keys = append(keys, k)
-			} else {
-				extra = append(extra, k)
-			}
+		dst := &keys
+		if subjects[i] != subjects[0] {
+			dst = &extra
 		}
-		add(stateKey(subject, o.policy, o.tag()))
+		*dst = append(*dst, stateKey(subject, o.policy, o.tag()))
 		flags := 0
 		if o.enforce {
 			flags |= 1
@@ -258,7 +255,7 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 		if o.global {
 			flags |= 2
 			if !o.replicated() {
-				add(shareKey(subject, o.policy))
+				*dst = append(*dst, shareKey(subject, o.policy))
 			}
 		}
 		args = append(args, algoCode(o), flags, o.cost, o.rate, o.burst, o.limit, o.windowMs, o.region)
