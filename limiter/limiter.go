@@ -510,7 +510,10 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 // ShouldRateLimit call to subjects and policies and calls it once), into
 // d, as CheckInto does after selection. Overrides (Config.Overrides) are
 // applied per subject. req gives the route (for policy costs), Cost and
-// Peek; its Identity is ignored. Entries with no policies are skipped.
+// Peek; its Identity is ignored. Entries with no policies are skipped;
+// subjects are decided in the order given (on a split cluster, the order
+// of the calls: put first the subject most likely to reject, so fewer
+// requests need a refund). Safe for concurrent use.
 //
 // The request is all or nothing across its subjects: if any enforced
 // policy of any subject rejects, no policy of any subject consumes
