@@ -90,6 +90,25 @@ type Config struct {
 	Overrides Overrides
 }
 
+// registerStoreMetrics registers the RedisStore's own counters (see
+// metrics.go): refunds that failed and, for a pipelined store, calls shed
+// because its queue was full.
+func registerStoreMetrics(reg prometheus.Registerer, rs *RedisStore) error {
+	if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "quotient_limiter_refund_failures_total",
+		Help: "Refunds of a request split across Redis Cluster nodes that failed, each leaving one subject charged for a refused request.",
+	}, func() float64 { return float64(rs.RefundFailures()) })); err != nil {
+		return err
+	}
+	if rs.pipe == nil {
+		return nil
+	}
+	return reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "quotient_limiter_pipeline_shed_total",
+		Help: "Store calls the pipeline refused at once because MaxQueue calls were waiting (answered by the fallback).",
+	}, func() float64 { return float64(rs.pipe.shed.Load()) }))
+}
+
 // Overrides gives the per-subject overrides of policies.
 type Overrides interface {
 	// Override returns the policy to enforce instead of the policy with id
@@ -254,6 +273,11 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 		return nil, fmt.Errorf("limiter: config: Metrics: %w", err)
 	}
 	l.metrics = m
+	if rs, ok := cfg.Store.(*RedisStore); ok && cfg.Metrics != nil {
+		if err := registerStoreMetrics(cfg.Metrics, rs); err != nil {
+			return nil, fmt.Errorf("limiter: config: Metrics: %w", err)
+		}
+	}
 	l.rset.Store(&regionState{n: int64(cfg.Regions), name: cfg.Region})
 	if l.breaker, err = NewBreaker(cfg.Breaker); err != nil {
 		return nil, err
