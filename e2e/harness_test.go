@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -209,4 +211,19 @@ func logMetrics(t *testing.T, name, url string, prefixes ...string) {
 		}
 	}
 	t.Logf("%s metrics:\n%s", name, strings.Join(lines, "\n"))
+}
+
+// upstreamURL starts the plain upstream every gateway forwards to and
+// returns its URL.
+func upstreamURL(t *testing.T) string {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	t.Cleanup(up.Close)
+	return up.URL
+}
+
+// startBroker runs devkafka on a free loopback port and returns its address.
+func startBroker(t *testing.T, dir string) string {
+	t.Helper()
+	broker := start(t, dir, "devkafka", bin(t, "devkafka"), nil, "--listen", "127.0.0.1:0")
+	return broker.waitLog(t, regexp.MustCompile(`(127\.0\.0\.1:\d+)`), 20*time.Second)
 }
