@@ -195,6 +195,7 @@ type result struct {
 	resetMs   int64 // until the policy is back to full quota
 	retryMs   int64 // when rejected: until this cost could be admitted; -1 never
 	delayMs   int64 // leaky bucket: how long to hold an admitted request
+	skipped   bool  // not evaluated: an earlier subject of the request rejected (RedisStore across cluster nodes)
 }
 
 // ceilDiv is math.ceil(x / y) in double arithmetic, exactly as Lua computes

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -263,4 +265,119 @@ func TestBucketMemoryBudget(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, ttl, time.Duration(0), "every key has a TTL")
 	require.LessOrEqual(t, ttl, 3*time.Second, "a bucket lives until it would be full again, plus a second")
+}
+
+// scriptCalls is the number of script calls (EVALSHA and EVAL) every node
+// behind client has served.
+func scriptCalls(tb testing.TB, client redis.UniversalClient) int64 {
+	ctx := context.Background()
+	var total atomic.Int64
+	count := func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(info, "\n") {
+			for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+				if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd+"calls="); ok {
+					n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+					if err != nil {
+						return err
+					}
+					total.Add(n)
+				}
+			}
+		}
+		return nil
+	}
+	var err error
+	if cl, ok := client.(*redis.ClusterClient); ok {
+		err = cl.ForEachMaster(ctx, count)
+	} else {
+		err = count(ctx, client.(*redis.Client))
+	}
+	require.NoError(tb, err)
+	return total.Load()
+}
+
+// BenchmarkKeyAccountPair measures Check with issue #19's pair of
+// policies (a per-key token bucket and a per-account fixed window), 64
+// concurrent callers over 1,000 keys of 100 accounts, on a standalone
+// redis-server and on a three-node cluster (where a key and its account
+// share a node for about a third of the requests), and reports decisions
+// per second and script calls per request:
+//
+//   - key_only: the key's policy alone (one subject: the baseline);
+//   - admitted: both policies, limits high enough that all are admitted;
+//   - account_rejects: both, every account exhausted, so the key consumes
+//     and, across nodes, is refunded (no deny cache: every request is a
+//     store decision).
+func BenchmarkKeyAccountPair(b *testing.B) {
+	const keys, accounts, perRound = 1000, 100, 5000
+	pair := func(acctLimit int) string {
+		return fmt.Sprintf(`[
+		{"id":"burst","subject":"api_key","algorithm":"token_bucket","rate_per_sec":1000000,"burst":1000000},
+		{"id":"acct","subject":"account","algorithm":"fixed_window","limit":%d,"window_s":3600}]`, acctLimit)
+	}
+	cases := []struct {
+		name, policies string
+		wantAllowed    bool
+	}{
+		{"key_only", `[{"id":"burst","subject":"api_key","algorithm":"token_bucket","rate_per_sec":1000000,"burst":1000000}]`, true},
+		{"admitted", pair(1_000_000_000), true},
+		{"account_rejects", pair(1), false},
+	}
+	layouts := []struct {
+		name   string
+		client func(b *testing.B) redis.UniversalClient
+	}{
+		{"standalone", func(b *testing.B) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: redistest.StartServer(b).Addr(), PoolSize: benchCallers, ContextTimeoutEnabled: true})
+		}},
+		{"cluster", func(b *testing.B) redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.StartCluster(b).Addrs(), PoolSize: benchCallers, ContextTimeoutEnabled: true})
+		}},
+	}
+	for _, lay := range layouts {
+		b.Run(lay.name, func(b *testing.B) {
+			client := lay.client(b)
+			b.Cleanup(func() { _ = client.Close() })
+			for _, c := range cases {
+				b.Run(c.name, func(b *testing.B) {
+					cfg := DefaultConfig()
+					cfg.Store, cfg.Deadline, cfg.DenyCacheMaxKeys, cfg.EventSampleRate = NewRedisStore(client), 10*time.Second, -1, -1
+					ps, err := ParsePolicies([]byte(c.policies))
+					require.NoError(b, err)
+					l, err := New(cfg, ps)
+					require.NoError(b, err)
+					check := func(i int) error {
+						id := Identity{APIKey: fmt.Sprintf("key-%d", i%keys), Account: fmt.Sprintf("acct-%d", i%accounts)}
+						d, err := l.Check(context.Background(), Request{Identity: id})
+						if err == nil && d.Source != SourceStore {
+							err = fmt.Errorf("decision answered by %s, not the store", d.Source)
+						}
+						if err == nil && i >= accounts && d.Allowed != c.wantAllowed {
+							err = fmt.Errorf("request %d: allowed %v, want %v", i, d.Allowed, c.wantAllowed)
+						}
+						return err
+					}
+					// Warm up: load the script, fill the connection pools
+					// and exhaust the accounts of account_rejects.
+					runParallel(b, accounts, check)
+					calls0 := scriptCalls(b, client)
+					var elapsed time.Duration
+					b.ResetTimer()
+					for range b.N {
+						d, _ := runParallel(b, perRound, func(i int) error { return check(i + accounts) })
+						elapsed += d
+					}
+					b.StopTimer()
+					n := float64(b.N * perRound)
+					b.ReportMetric(float64(scriptCalls(b, client)-calls0)/n, "calls/req")
+					b.ReportMetric(n/elapsed.Seconds(), "decisions/s")
+					b.ReportMetric(0, "ns/op")
+				})
+			}
+		})
+	}
 }

@@ -1,10 +1,10 @@
 // Package limiter decides whether a request may proceed under a set of rate
 // limit policies. Gateways embed it.
 //
-// A [Limiter] identifies the subject of a request (API key, account, user,
+// A [Limiter] identifies the subjects of a request (API key, account, user,
 // IPv4 address or IPv6 /64 prefix, see [Identity] and [Subject]), selects the
 // policies that match it (tier, route, method), and evaluates all policies of
-// one subject in one atomic call to a [Store]: the [RedisStore] runs one Lua
+// the request atomically in a [Store]: the [RedisStore] runs one Lua
 // script with Redis server time, the [MemoryStore] runs the same algorithms in
 // process with the time given as a parameter. The two agree decision for
 // decision; a differential test against a real redis-server proves it.
@@ -47,17 +47,21 @@
 // at most 1e6, window limits at most 1e12, sliding_window_log limits at
 // most 1,000) are checked when policies are parsed.
 //
-// # All or nothing per subject
+// # All or nothing across subjects
 //
-// The policies of one subject are evaluated together: if any enforced policy
-// rejects, no policy consumes anything, so a rejected request never spends
-// another policy's allowance. Shadow-mode policies are evaluated and reported
-// ("would reject") but never reject; they consume only when the request is
-// admitted and they would have admitted it themselves. When the policies of
-// one request name different subjects (an API key policy and an account
-// policy), each subject is one atomic call; such calls are independent, so a
-// request rejected by the account's policies may already have consumed from
-// the API key's (the usual behaviour of multi-descriptor limiters).
+// The policies of one request are evaluated together, across all its
+// subjects (an API key's burst and its account's quota): if any enforced
+// policy rejects, no policy of any subject consumes anything, so a
+// rejected request never spends another policy's allowance. Shadow-mode
+// policies are evaluated and reported ("would reject") but never reject;
+// they consume only when the request is admitted and they would have
+// admitted it themselves. The MemoryStore and a Redis node decide the
+// whole request in one atomic step; on a Redis Cluster whose nodes split
+// the request's subjects, RedisStore decides them in order and refunds
+// (see refund.go for the window a concurrent observer can see and what is
+// exact). The deny cache and the fallback answer for the whole request
+// too. CheckSubjectsInto takes several subjects chosen by the caller (an
+// RLS server's descriptors) and applies the same rule.
 //
 // A cost of 0 peeks: the policies are evaluated and reported, nothing is
 // consumed and nothing is written.

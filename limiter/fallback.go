@@ -24,6 +24,9 @@ import (
 // while the store is down. Global bucket policies use the region's default
 // share (rate and burst / Regions).
 //
+// A request is all or nothing across all its subjects here as in the
+// store (see decide).
+//
 // Memory is bounded by maxKeys limiters; when full, limiters that are full
 // again (idle) are dropped first, then arbitrary ones: a dropped limiter
 // starts full, which costs at most one extra burst for that subject.
@@ -105,17 +108,21 @@ func (f *fallback) evict(now time.Time) {
 	}
 }
 
-// decide answers the policies of one subject in process, all or nothing
-// like the store: if an enforced policy rejects, nothing is consumed.
+// decide answers the policies of one request in process (subjects[i] is
+// the subject of policies[i]: one or several subjects), all or nothing
+// like the store, across the subjects too: if an enforced policy of any
+// subject rejects, no limiter of any subject is consumed. One mutex guards
+// every limiter, so the check and the consumption are one step.
 // closedRetry is the Retry-After of a fail-closed rejection.
-func (f *fallback) decide(now time.Time, subj Subject, policies []*Policy, costs []int64, closedRetry time.Duration, out []PolicyDecision) bool {
+func (f *fallback) decide(now time.Time, subjects []Subject, policies []*Policy, costs []int64, closedRetry time.Duration, out []PolicyDecision) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var limBuf [8]*fallbackLimiter
+	var limBuf [16]*fallbackLimiter
 	lims := limBuf[:0]
 	allowed := true
 	for i, p := range policies {
 		cost := costs[i]
+		subj := subjects[i]
 		pd := PolicyDecision{Policy: p, Subject: subj, Cost: cost, Limit: p.capacity(), Source: SourceFallback}
 		if p.OnStoreFailure == FailClosed {
 			lims = append(lims, nil)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -87,6 +88,25 @@ type Config struct {
 	// policy a request selects (the admin API's POST /v1/overrides). Default:
 	// none.
 	Overrides Overrides
+}
+
+// registerStoreMetrics registers the RedisStore's own counters (see
+// metrics.go): refunds that failed and, for a pipelined store, calls shed
+// because its queue was full.
+func registerStoreMetrics(reg prometheus.Registerer, rs *RedisStore) error {
+	if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "quotient_limiter_refund_failures_total",
+		Help: "Refunds of a request split across Redis Cluster nodes that failed, each leaving one subject charged for a refused request.",
+	}, func() float64 { return float64(rs.RefundFailures()) })); err != nil {
+		return err
+	}
+	if rs.pipe == nil {
+		return nil
+	}
+	return reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "quotient_limiter_pipeline_shed_total",
+		Help: "Store calls the pipeline refused at once because MaxQueue calls were waiting (answered by the fallback).",
+	}, func() float64 { return float64(rs.pipe.shed.Load()) }))
 }
 
 // Overrides gives the per-subject overrides of policies.
@@ -253,6 +273,11 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 		return nil, fmt.Errorf("limiter: config: Metrics: %w", err)
 	}
 	l.metrics = m
+	if rs, ok := cfg.Store.(*RedisStore); ok && cfg.Metrics != nil {
+		if err := registerStoreMetrics(cfg.Metrics, rs); err != nil {
+			return nil, fmt.Errorf("limiter: config: Metrics: %w", err)
+		}
+	}
 	l.rset.Store(&regionState{n: int64(cfg.Regions), name: cfg.Region})
 	if l.breaker, err = NewBreaker(cfg.Breaker); err != nil {
 		return nil, err
@@ -375,7 +400,11 @@ type Decision struct {
 	// (fallback over deny cache over store).
 	Source Source
 	// Policies holds one entry per policy evaluated, in policy-set order
-	// grouped by subject.
+	// grouped by subject. On a Redis Cluster whose nodes split the
+	// request's subjects, the subjects after the first one that rejects
+	// are not evaluated and have no entry, and the subjects before it,
+	// whose consumption was refunded, report Remaining as before the
+	// request and ResetAfter as if it had consumed (an upper bound).
 	Policies []PolicyDecision
 }
 
@@ -434,27 +463,22 @@ func (l *Limiter) CheckAt(ctx context.Context, now time.Time, req Request) (Deci
 // maxSubjects is the number of subject kinds.
 const maxSubjects = 4
 
+// SubjectPolicies is one subject of a request and the policies, already
+// selected, that limit it: one entry of CheckSubjectsInto.
+type SubjectPolicies struct {
+	Subject  Subject
+	Policies []*Policy
+}
+
 // CheckInto decides req at now into d, reusing d.Policies' storage (so a
 // caller that pools Decisions makes a deny-cache hit allocate nothing).
-// It selects the policies that match the request, groups them by subject,
-// and decides each group:
-//
-//  1. deny cache (remote stores): if an enforced policy of the group
-//     rejected this subject recently for at most this cost and its retry
-//     time has not come, the group is rejected locally (SourceDenyCache)
-//     and only the cached policies are reported;
-//  2. the store, in one atomic call bounded by Config.Deadline, unless the
-//     circuit breaker is open (SourceStore);
-//  3. when the store fails, times out or the breaker is open, the
-//     in-process fallback of each policy's failure mode (SourceFallback;
-//     see fallback.go): open and local admit under an in-process limit,
-//     closed rejects with FailedClosed set.
-//
-// With no matching policy the request is allowed (SourceNone). Usage of
-// global policies is counted, the decision is observed in the metrics and
-// sampled to the event sink. The only error is ErrCanceled (wrapping the
-// context's error) when ctx ends first; with the MemoryStore no error
-// occurs. A store failure never surfaces as an error: the fallback answers.
+// It selects the policies that match the request, groups them by subject
+// (the identity's subjects, in the policy set's order of subject kinds)
+// and decides the request as one, all or nothing across the subjects (see
+// CheckSubjectsInto for the steps). The only error is ErrCanceled
+// (wrapping the context's error) when ctx ends first; with the
+// MemoryStore no error occurs. A store failure never surfaces as an
+// error: the fallback answers.
 func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *Decision) error {
 	var start time.Time
 	if l.metrics != nil {
@@ -480,13 +504,17 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 			nk++
 		}
 	}
-	var group [8]*Policy
+	// The request's policies, flattened: subjs[i] is the subject of
+	// pols[i], one subject's policies consecutive. Flat arrays (not a
+	// slice of groups) keep both on the stack.
+	var polBuf [16]*Policy
+	var subjBuf [16]Subject
+	pols, subjs := polBuf[:0], subjBuf[:0]
 	for _, kind := range kinds[:nk] {
 		subj, ok := req.Identity.Subject(kind)
 		if !ok {
 			continue
 		}
-		g := group[:0]
 		for _, p := range policies {
 			if p.Subject == kind && p.Matches(req.Identity.Tier, req.Method, req.Path) {
 				if l.overrides != nil {
@@ -494,13 +522,102 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 						p = o
 					}
 				}
-				g = append(g, p)
+				pols, subjs = append(pols, p), append(subjs, subj)
 			}
 		}
-		if err := l.decideGroup(ctx, now, subj, g, &req, d); err != nil {
-			*d = Decision{Policies: d.Policies[:0]}
-			return err
+	}
+	return l.finish(ctx, now, start, pols, subjs, &req, d)
+}
+
+// CheckSubjectsInto decides one request whose subjects and policies the
+// caller has already selected (an RLS server maps the descriptors of one
+// ShouldRateLimit call to subjects and policies and calls it once), into
+// d, as CheckInto does after selection. Overrides (Config.Overrides) are
+// applied per subject. req gives the route (for policy costs), Cost and
+// Peek; its Identity is ignored. Entries with no policies are skipped;
+// subjects are decided in the order given (on a split cluster, the order
+// of the calls: put first the subject most likely to reject, so fewer
+// requests need a refund). Safe for concurrent use.
+//
+// The request is all or nothing across its subjects: if any enforced
+// policy of any subject rejects, no policy of any subject consumes
+// (shadow policies consume only when the request is admitted). Steps:
+//
+//  1. deny cache (remote stores): if an enforced policy of any subject
+//     rejected that subject recently for at most this cost and its retry
+//     time has not come, the request is rejected locally
+//     (SourceDenyCache) without a store call for any subject, and only the
+//     cached policies are reported;
+//  2. the store, bounded by Config.Deadline, unless the circuit breaker
+//     is open (SourceStore): one atomic call when every subject lives on
+//     one Redis node (or in the MemoryStore); on a Redis Cluster whose
+//     nodes split the subjects, one call per subject in order, stopping
+//     at the first rejection (later subjects are then not reported) and
+//     refunding earlier subjects (see refund.go: the window and what is
+//     exact). A rejected request may then take up to twice the deadline;
+//  3. when the store fails, times out or the breaker is open, the
+//     in-process fallback of each policy's failure mode, for all
+//     subjects at once and all or nothing across them too (SourceFallback;
+//     see fallback.go).
+//
+// With no policy the request is allowed (SourceNone). Usage of global
+// policies is counted (demand: every attempt's cost; admitted: the cost
+// consumed, so 0 for any rejected request), the decision is observed in
+// the metrics and sampled to the event sink. Errors: ErrNoPolicies for a
+// policy that was not validated, an error naming a subject listed twice or
+// a policy listed twice for one subject, and ErrCanceled as for CheckInto.
+func (l *Limiter) CheckSubjectsInto(ctx context.Context, now time.Time, subjects []SubjectPolicies, req Request, d *Decision) error {
+	var start time.Time
+	if l.metrics != nil {
+		start = time.Now()
+	}
+	*d = Decision{Allowed: true, Source: SourceNone, Policies: d.Policies[:0]}
+	pols, subjs, err := l.flatten(subjects, now, true)
+	if err != nil {
+		return err
+	}
+	req.Identity = Identity{}
+	return l.finish(ctx, now, start, pols, subjs, &req, d)
+}
+
+// flatten checks subjects and returns its policies and, for each, its
+// subject, applying overrides when asked.
+func (l *Limiter) flatten(subjects []SubjectPolicies, now time.Time, overrides bool) ([]*Policy, []Subject, error) {
+	var pols []*Policy
+	var subjs []Subject
+	for i, sp := range subjects {
+		if len(sp.Policies) == 0 {
+			continue
 		}
+		if slices.Contains(subjs, sp.Subject) {
+			return nil, nil, fmt.Errorf("limiter: subjects[%d]: subject %s listed twice", i, sp.Subject.Key())
+		}
+		for j, p := range sp.Policies {
+			if p == nil || !p.validated {
+				return nil, nil, fmt.Errorf("%w: subjects[%d].Policies[%d]", ErrNoPolicies, i, j)
+			}
+			for _, q := range sp.Policies[:j] {
+				if q.ID == p.ID {
+					return nil, nil, fmt.Errorf("limiter: subjects[%d]: policy %q listed twice", i, p.ID)
+				}
+			}
+			if overrides && l.overrides != nil {
+				if o, ok := l.overrides.Override(sp.Subject, p.ID, now); ok && o != nil && o.validated && o.ID == p.ID {
+					p = o
+				}
+			}
+			pols, subjs = append(pols, p), append(subjs, sp.Subject)
+		}
+	}
+	return pols, subjs, nil
+}
+
+// finish decides the selected policies (subjs[i] is the subject of
+// pols[i]) and observes the decision.
+func (l *Limiter) finish(ctx context.Context, now, start time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) error {
+	if err := l.decide(ctx, now, pols, subjs, req, d); err != nil {
+		*d = Decision{Policies: d.Policies[:0]}
+		return err
 	}
 	if !d.Allowed {
 		d.Delay = 0
@@ -509,7 +626,7 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 		l.metrics.observe(d, time.Since(start))
 	}
 	if len(d.Policies) > 0 && l.sampler.sample() {
-		l.events.Emit(newEvent(now, &req, d))
+		l.events.Emit(newEvent(now, req, d))
 	}
 	return nil
 }
@@ -528,9 +645,53 @@ func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Sub
 	}
 	d := Decision{Allowed: true, Source: SourceNone}
 	req := Request{Cost: cost, Peek: cost == 0}
-	if err := l.evalGroup(ctx, now, subject, policies, req, &d); err != nil {
+	subjs := make([]Subject, len(policies))
+	for i := range subjs {
+		subjs[i] = subject
+	}
+	if _, err := l.evalAll(ctx, now, policies, subjs, &req, &d, false); err != nil {
 		return Decision{}, err
 	}
+	return d, nil
+}
+
+// CheckSubjectsAt is CheckSubjectAt for several subjects of one request
+// (the simulator's requests that several subjects limit): one store
+// decision, all or nothing across the subjects as in Check, with one cost
+// for every policy (0 peeks), and none of the resilience layer, usage,
+// metrics or events. Errors: those of CheckSubjectsInto's checks, and a
+// store error with a zero Decision.
+func (l *Limiter) CheckSubjectsAt(ctx context.Context, now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
+	pols, subjs, err := l.flatten(subjects, now, false)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := Decision{Allowed: true, Source: SourceNone}
+	if len(pols) == 0 {
+		return d, nil
+	}
+	req := Request{Cost: cost, Peek: cost == 0}
+	if _, err := l.evalAll(ctx, now, pols, subjs, &req, &d, false); err != nil {
+		return Decision{}, err
+	}
+	return d, nil
+}
+
+// CheckSubjectsFallbackAt is CheckSubjectFallbackAt for several subjects
+// of one request: the in-process fallback decides them together, all or
+// nothing across them.
+func (l *Limiter) CheckSubjectsFallbackAt(now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
+	pols, subjs, err := l.flatten(subjects, now, false)
+	if err != nil {
+		return Decision{}, err
+	}
+	costs := make([]int64, len(pols))
+	for i := range costs {
+		costs[i] = cost
+	}
+	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(pols))}
+	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
+	d.Allowed = l.fb.decide(now, subjs, pols, costs, closedRetry, d.Policies)
 	return d, nil
 }
 
@@ -546,14 +707,14 @@ func (l *Limiter) CheckSubjectFallbackAt(now time.Time, subject Subject, policie
 			return Decision{}, fmt.Errorf("%w: policies[%d]", ErrNoPolicies, i)
 		}
 	}
-	var costBuf [8]int64
-	costs := costBuf[:0]
-	for range policies {
-		costs = append(costs, cost)
+	costs := make([]int64, len(policies))
+	subjs := make([]Subject, len(policies))
+	for i := range policies {
+		costs[i], subjs[i] = cost, subject
 	}
 	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(policies))}
 	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
-	d.Allowed = l.fb.decide(now, subject, policies, costs, closedRetry, d.Policies)
+	d.Allowed = l.fb.decide(now, subjs, policies, costs, closedRetry, d.Policies)
 	return d, nil
 }
 
@@ -587,34 +748,30 @@ func worse(a, b Source) Source {
 	return a
 }
 
-// decideGroup decides the policies of one subject (see CheckInto) and
+// decide decides the request's policies (see CheckSubjectsInto) and
 // appends their PolicyDecisions to d.
-func (l *Limiter) decideGroup(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req *Request, d *Decision) error {
-	if len(policies) == 0 {
+func (l *Limiter) decide(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) error {
+	if len(pols) == 0 {
 		return nil
 	}
 	if !l.remote {
-		err := l.evalGroup(ctx, now, subj, policies, *req, d)
-		if err == nil {
-			l.countUsage(now, subj, policies, req, d.Policies[len(d.Policies)-len(policies):], d.Allowed)
-		}
+		_, err := l.evalAll(ctx, now, pols, subjs, req, d, true)
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrCanceled, err)
 	}
 	nowNs := now.UnixNano()
-	if l.deny != nil && !req.Peek && l.denyHit(now, nowNs, subj, policies, req, d) {
+	if l.deny != nil && !req.Peek && l.denyHit(now, nowNs, pols, subjs, req, d) {
 		return nil
 	}
 	ok, probe := l.breaker.Allow(now)
 	if ok {
 		base := len(d.Policies)
-		err := l.evalGroupDeadline(ctx, now, subj, policies, *req, d)
+		_, err := l.evalAllDeadline(ctx, now, pols, subjs, req, d)
 		if err == nil {
 			l.breaker.Record(now, probe, true)
-			l.fillDenyCache(nowNs, subj, d.Policies[base:], req)
-			l.countUsage(now, subj, policies, req, d.Policies[base:], policyDecisions(d.Policies[base:]).allAllowed())
+			l.fillDenyCache(nowNs, d.Policies[base:], req)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -625,29 +782,19 @@ func (l *Limiter) decideGroup(ctx context.Context, now time.Time, subj Subject, 
 		l.breaker.Record(now, probe, false)
 		l.metrics.storeError()
 	}
-	return l.fallbackGroup(now, subj, policies, req, d)
+	return l.fallbackAll(now, pols, subjs, req, d)
 }
 
-type policyDecisions []PolicyDecision
-
-// allAllowed reports whether no enforced policy rejects.
-func (ps policyDecisions) allAllowed() bool {
-	for i := range ps {
-		if !ps[i].Allowed && ps[i].Policy.Mode == Enforce {
-			return false
-		}
-	}
-	return true
-}
-
-// denyHit answers the group from the deny cache if an enforced policy
-// rejects req's cost there.
-func (l *Limiter) denyHit(now time.Time, nowNs int64, subj Subject, policies []*Policy, req *Request, d *Decision) bool {
+// denyHit answers the whole request from the deny cache if an enforced
+// policy of any of its subjects rejects req's cost there: no store call
+// is made for any subject, and only the cached policies are reported.
+func (l *Limiter) denyHit(now time.Time, nowNs int64, pols []*Policy, subjs []Subject, req *Request, d *Decision) bool {
 	hit := false
-	for _, p := range policies {
+	for i, p := range pols {
 		if p.Mode != Enforce {
 			continue
 		}
+		subj := subjs[i]
 		cost := costOf(p, req)
 		e, ok := l.deny.lookup(denyKey{policy: p.ID, kind: subj.Kind, value: subj.Value}, cost, nowNs)
 		if !ok {
@@ -673,16 +820,16 @@ func (l *Limiter) denyHit(now time.Time, nowNs int64, subj Subject, policies []*
 	}
 	d.Allowed = false
 	d.Source = worse(d.Source, SourceDenyCache)
-	for _, p := range policies {
+	for i, p := range pols {
 		if p.Scope == ScopeGlobal {
-			l.usage.add(now, p.ID, subj, costOf(p, req), 0)
+			l.usage.add(now, p.ID, subjs[i], costOf(p, req), 0)
 		}
 	}
 	return true
 }
 
 // fillDenyCache remembers the enforced policies that rejected.
-func (l *Limiter) fillDenyCache(nowNs int64, subj Subject, pds []PolicyDecision, req *Request) {
+func (l *Limiter) fillDenyCache(nowNs int64, pds []PolicyDecision, req *Request) {
 	if l.deny == nil || req.Peek {
 		return
 	}
@@ -691,7 +838,7 @@ func (l *Limiter) fillDenyCache(nowNs int64, subj Subject, pds []PolicyDecision,
 		if pd.Allowed || pd.Policy.Mode != Enforce || pd.RetryAfter <= 0 {
 			continue
 		}
-		l.deny.add(denyKey{policy: pd.Policy.ID, kind: subj.Kind, value: subj.Value}, denyEntry{
+		l.deny.add(denyKey{policy: pd.Policy.ID, kind: pd.Subject.Kind, value: pd.Subject.Value}, denyEntry{
 			until:     nowNs + int64(pd.RetryAfter),
 			resetAt:   nowNs + int64(pd.ResetAfter),
 			cost:      pd.Cost,
@@ -700,47 +847,62 @@ func (l *Limiter) fillDenyCache(nowNs int64, subj Subject, pds []PolicyDecision,
 	}
 }
 
-// fallbackGroup answers the group in process.
-func (l *Limiter) fallbackGroup(now time.Time, subj Subject, policies []*Policy, req *Request, d *Decision) error {
-	var costBuf [8]int64
+// fallbackAll answers the request in process, all subjects at once.
+func (l *Limiter) fallbackAll(now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) error {
+	var costBuf [16]int64
 	costs := costBuf[:0]
-	for _, p := range policies {
+	for _, p := range pols {
 		costs = append(costs, costOf(p, req))
 	}
 	base := len(d.Policies)
-	for range policies {
+	for range pols {
 		d.Policies = append(d.Policies, PolicyDecision{})
 	}
 	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
-	allowed := l.fb.decide(now, subj, policies, costs, closedRetry, d.Policies[base:])
+	allowed := l.fb.decide(now, subjs, pols, costs, closedRetry, d.Policies[base:])
 	if !allowed {
 		d.Allowed = false
 	}
 	d.Source = worse(d.Source, SourceFallback)
-	l.countUsage(now, subj, policies, req, d.Policies[base:], allowed)
+	if !req.Peek {
+		for i, p := range pols {
+			if p.Scope != ScopeGlobal {
+				continue
+			}
+			pd := &d.Policies[base+i]
+			var admitted int64
+			if allowed && pd.Allowed {
+				admitted = pd.Cost
+			}
+			l.usage.add(now, p.ID, subjs[i], pd.Cost, admitted)
+		}
+	}
 	return nil
 }
 
-// countUsage adds demand and admitted cost of the group's global policies.
-func (l *Limiter) countUsage(now time.Time, subj Subject, policies []*Policy, req *Request, pds []PolicyDecision, groupAllowed bool) {
+// countUsage adds demand (every op's cost, skipped ones included) and
+// admitted cost (what was consumed: only when the request is allowed) of
+// the request's global policies.
+func (l *Limiter) countUsage(now time.Time, req *Request, pols []*Policy, subjs []Subject, ops []op, res []result, allowed bool) {
 	if req.Peek {
 		return
 	}
-	for i, p := range policies {
-		if p.Scope != ScopeGlobal || i >= len(pds) {
+	for i, p := range pols {
+		if p.Scope != ScopeGlobal {
 			continue
 		}
 		var admitted int64
-		if groupAllowed && pds[i].Allowed {
-			admitted = pds[i].Cost
+		if allowed && res[i].allowed && !res[i].skipped {
+			admitted = ops[i].cost
 		}
-		l.usage.add(now, p.ID, subj, pds[i].Cost, admitted)
+		l.usage.add(now, p.ID, subjs[i], ops[i].cost, admitted)
 	}
 }
 
 // storeCall is one store call run in its own goroutine, so that the
 // caller can abandon it at the deadline; it owns copies of the buffers.
 type storeCall struct {
+	subjs   []Subject
 	ops     []op
 	res     []result
 	allowed bool
@@ -748,27 +910,27 @@ type storeCall struct {
 	done    chan struct{}
 }
 
-// evalGroupDeadline is evalGroup with the store call bounded by the
-// deadline, whatever the store does.
-func (l *Limiter) evalGroupDeadline(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision) error {
+// evalAllDeadline is evalAll (with usage counted) with the store call
+// bounded by the deadline, whatever the store does.
+func (l *Limiter) evalAllDeadline(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) (bool, error) {
 	if rs, ok := l.store.(*RedisStore); ok && rs.boundedByContext {
 		// go-redis ends every wait of the call at the context's deadline.
-		return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject Subject, ops []op, res []result) (bool, error) {
+		return l.evalAllWith(ctx, now, pols, subjs, req, d, true, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
 			cctx, cancel := context.WithTimeout(ctx, l.deadline)
 			defer cancel()
-			allowed, err := rs.eval(cctx, now, subject, ops, res)
+			allowed, err := rs.eval(cctx, now, subjs, ops, res)
 			if err != nil && cctx.Err() != nil && ctx.Err() == nil {
 				return false, fmt.Errorf("%w: no answer within %v: %v", ErrStoreUnavailable, l.deadline, err)
 			}
 			return allowed, err
 		})
 	}
-	return l.evalGroupWith(ctx, now, subj, policies, req, d, func(ctx context.Context, subject Subject, ops []op, res []result) (bool, error) {
+	return l.evalAllWith(ctx, now, pols, subjs, req, d, true, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
 		cctx, cancel := context.WithTimeout(ctx, l.deadline)
-		c := &storeCall{ops: append([]op(nil), ops...), res: make([]result, len(res)), done: make(chan struct{})}
+		c := &storeCall{subjs: append([]Subject(nil), subjs...), ops: append([]op(nil), ops...), res: make([]result, len(res)), done: make(chan struct{})}
 		go func() {
 			defer cancel()
-			c.allowed, c.err = l.store.eval(cctx, now, subject, c.ops, c.res)
+			c.allowed, c.err = l.store.eval(cctx, now, c.subjs, c.ops, c.res)
 			close(c.done)
 		}()
 		select {
@@ -785,49 +947,57 @@ func (l *Limiter) evalGroupDeadline(ctx context.Context, now time.Time, subj Sub
 	})
 }
 
-func (l *Limiter) evalGroup(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision) error {
-	return l.evalGroupWith(ctx, now, subj, policies, req, d, nil)
+// evalAll decides the policies in one store call (no deadline) and
+// records the answers in d; count counts usage.
+func (l *Limiter) evalAll(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool) (bool, error) {
+	if ms, ok := l.store.(*MemoryStore); ok {
+		return l.evalInMemory(ctx, ms, now, pols, subjs, req, d, count)
+	}
+	return l.evalAllWith(ctx, now, pols, subjs, req, d, count, nil)
 }
 
-func (l *Limiter) evalGroupWith(ctx context.Context, now time.Time, subj Subject, policies []*Policy, req Request, d *Decision, eval func(context.Context, Subject, []op, []result) (bool, error)) error {
-	if len(policies) == 0 {
-		return nil
-	}
-	if ms, ok := l.store.(*MemoryStore); ok && eval == nil {
-		return l.evalInMemory(ctx, ms, now, subj, policies, &req, d)
-	}
-	ops, res := l.buildOps(make([]op, 0, len(policies)), make([]result, 0, len(policies)), policies, &req)
+func (l *Limiter) evalAllWith(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool, eval func(context.Context, []Subject, []op, []result) (bool, error)) (bool, error) {
+	ops, res := l.buildOps(make([]op, 0, len(pols)), make([]result, 0, len(pols)), pols, req)
 	var allowed bool
 	var err error
+	// A copy: subjs may live on the caller's stack, and through a func
+	// value or the Store interface it would have to escape.
+	heapSubjs := append([]Subject(nil), subjs...)
 	if eval != nil {
-		allowed, err = eval(ctx, subj, ops, res)
+		allowed, err = eval(ctx, heapSubjs, ops, res)
 	} else {
-		allowed, err = l.store.eval(ctx, now, subj, ops, res)
+		allowed, err = l.store.eval(ctx, now, heapSubjs, ops, res)
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
-	l.record(d, subj, policies, ops, res, allowed)
-	return nil
+	l.record(d, pols, subjs, ops, res, allowed)
+	if count {
+		l.countUsage(now, req, pols, subjs, ops, res, allowed)
+	}
+	return allowed, nil
 }
 
-// evalInMemory is evalGroupWith for the MemoryStore, called directly so
-// that the buffers stay on the stack (through the Store interface they
-// would escape to the heap on every decision).
-func (l *Limiter) evalInMemory(ctx context.Context, ms *MemoryStore, now time.Time, subj Subject, policies []*Policy, req *Request, d *Decision) error {
+// evalInMemory is evalAll for the MemoryStore, called directly so that
+// the buffers stay on the stack (through the Store interface they would
+// escape to the heap on every decision).
+func (l *Limiter) evalInMemory(ctx context.Context, ms *MemoryStore, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool) (bool, error) {
 	var opBuf [8]op
 	var resBuf [8]result
 	ops, res := opBuf[:0], resBuf[:0]
-	if len(policies) > len(opBuf) {
-		ops, res = make([]op, 0, len(policies)), make([]result, 0, len(policies))
+	if len(pols) > len(opBuf) {
+		ops, res = make([]op, 0, len(pols)), make([]result, 0, len(pols))
 	}
-	ops, res = l.buildOps(ops, res, policies, req)
-	allowed, err := ms.eval(ctx, now, subj, ops, res)
+	ops, res = l.buildOps(ops, res, pols, req)
+	allowed, err := ms.eval(ctx, now, subjs, ops, res)
 	if err != nil {
-		return err
+		return false, err
 	}
-	l.record(d, subj, policies, ops, res, allowed)
-	return nil
+	l.record(d, pols, subjs, ops, res, allowed)
+	if count {
+		l.countUsage(now, req, pols, subjs, ops, res, allowed)
+	}
+	return allowed, nil
 }
 
 // buildOps appends the store operations of policies for req.
@@ -839,20 +1009,24 @@ func (l *Limiter) buildOps(ops []op, res []result, policies []*Policy, req *Requ
 	return ops, res
 }
 
-// record appends the store's answers for one subject's policies to d.
-func (l *Limiter) record(d *Decision, subj Subject, policies []*Policy, ops []op, res []result, allowed bool) {
+// record appends the store's answers for the request's policies to d;
+// policies the store skipped are not reported.
+func (l *Limiter) record(d *Decision, pols []*Policy, subjs []Subject, ops []op, res []result, allowed bool) {
 	if !allowed {
 		d.Allowed = false
 	}
 	d.Source = worse(d.Source, SourceStore)
 	if d.Policies == nil {
-		d.Policies = make([]PolicyDecision, 0, len(policies))
+		d.Policies = make([]PolicyDecision, 0, len(pols))
 	}
-	for i, p := range policies {
+	for i, p := range pols {
 		r := &res[i]
+		if r.skipped {
+			continue
+		}
 		pd := PolicyDecision{
 			Policy:     p,
-			Subject:    subj,
+			Subject:    subjs[i],
 			Allowed:    r.allowed,
 			Cost:       ops[i].cost,
 			Limit:      p.capacity(),

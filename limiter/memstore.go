@@ -3,19 +3,28 @@ package limiter
 import (
 	"context"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"time"
 )
 
 // Store holds the state of every policy and subject and evaluates the
-// policies of one subject atomically. The implementations are [RedisStore]
+// policies of one request atomically. The implementations are [RedisStore]
 // (shared by all gateways of a region, decides with Redis server time) and
 // [MemoryStore] (one process, decides at the time it is given).
 type Store interface {
-	// eval evaluates ops for one subject in one atomic step at now, writes the answers into res (len(res) == len(ops)), and
-	// returns whether every enforced op admitted. An error means nothing was
-	// decided and nothing consumed.
-	eval(ctx context.Context, now time.Time, subject Subject, ops []op, res []result) (bool, error)
+	// eval evaluates ops at now and writes the answers into res
+	// (len(res) == len(ops)); subjects[i] is the subject of ops[i], and
+	// the ops of one subject are consecutive. It returns whether every
+	// enforced op admitted, and consumes (for every admitting op, shadow
+	// ones included) only then: all or nothing across the subjects. A
+	// store that cannot decide every subject in one atomic step decides
+	// them in order, stops at the first rejection (the ops of later
+	// subjects come back with skipped set) and refunds what earlier
+	// subjects consumed (RedisStore on a cluster whose nodes split the
+	// subjects). An error means nothing was decided; the store refunds
+	// what it consumed before the error, as far as it can.
+	eval(ctx context.Context, now time.Time, subjects []Subject, ops []op, res []result) (bool, error)
 }
 
 const memShards = 64
@@ -23,7 +32,8 @@ const memShards = 64
 // MemoryStore is the in-process [Store]: the same five algorithms as the
 // Redis script, deciding at the time passed to it (the simulator passes
 // virtual time). It is safe for concurrent use; subjects are spread over 64
-// mutex-guarded shards. Expired entries are swept from a shard at most once
+// mutex-guarded shards, and one decision holds the shards of all its
+// subjects at once, so a request is all or nothing across its subjects. Expired entries are swept from a shard at most once
 // every ten seconds of its time, on access, so memory follows active keys.
 // The zero value is not usable; call NewMemoryStore.
 type MemoryStore struct {
@@ -69,30 +79,59 @@ func NewMemoryStore() *MemoryStore {
 }
 
 func (m *MemoryStore) shard(subject Subject) *memShard {
-	return &m.shards[maphash.Comparable(m.seed, subject)%memShards]
+	return &m.shards[m.shardIndex(subject)]
+}
+
+func (m *MemoryStore) shardIndex(subject Subject) uint64 {
+	return maphash.Comparable(m.seed, subject) % memShards
 }
 
 const sweepEveryMs = 10_000
 
-// eval implements Store.
-func (m *MemoryStore) eval(_ context.Context, now time.Time, subject Subject, ops []op, res []result) (bool, error) {
+// eval implements Store: one atomic step across every subject of the
+// request. The shards of the request's subjects are locked together, in
+// ascending shard order (so two requests never wait on each other in a
+// cycle), for the whole decision.
+func (m *MemoryStore) eval(_ context.Context, now time.Time, subjects []Subject, ops []op, res []result) (bool, error) {
 	nowUs := now.UnixMicro()
 	nowMs := nowUs / 1000
-	sh := m.shard(subject)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if nowMs >= sh.nextSweep && !m.keepExpired {
-		sh.sweep(nowMs)
-		sh.nextSweep = nowMs + sweepEveryMs
+	var idxBuf [maxSubjects]int
+	idx := idxBuf[:0]
+	for i := range subjects {
+		if i > 0 && subjects[i] == subjects[i-1] {
+			continue
+		}
+		idx = append(idx, int(m.shardIndex(subjects[i])))
 	}
-	subj := sh.subjects[subject]
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	for _, j := range idx {
+		sh := &m.shards[j]
+		sh.mu.Lock()
+		if nowMs >= sh.nextSweep && !m.keepExpired {
+			sh.sweep(nowMs)
+			sh.nextSweep = nowMs + sweepEveryMs
+		}
+	}
+	defer func() {
+		for _, j := range idx {
+			m.shards[j].mu.Unlock()
+		}
+	}()
 
 	var advBuf [8]state
 	var rateBuf, burstBuf [8]int64
-	adv, rates, bursts := advBuf[:0], rateBuf[:0], burstBuf[:0]
+	var subjBuf [8]*memSubject
+	adv, rates, bursts, subjs := advBuf[:0], rateBuf[:0], burstBuf[:0], subjBuf[:0]
 	allowed := true
 	for i := range ops {
 		o := &ops[i]
+		var subj *memSubject
+		if i > 0 && subjects[i] == subjects[i-1] {
+			subj = subjs[i-1]
+		} else {
+			subj = m.shard(subjects[i]).subjects[subjects[i]]
+		}
 		rate, burst := o.rate, o.burst
 		var cur *state
 		if subj != nil {
@@ -110,7 +149,7 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subject Subject, op
 		if !admit && o.enforce {
 			allowed = false
 		}
-		adv, rates, bursts = append(adv, s), append(rates, rate), append(bursts, burst)
+		adv, rates, bursts, subjs = append(adv, s), append(rates, rate), append(bursts, burst), append(subjs, subj)
 	}
 	for i := range ops {
 		o := &ops[i]
@@ -119,9 +158,14 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subject Subject, op
 			final = consume(o, final, nowUs, rates[i])
 			ttl := report(o, &final, nowUs, rates[i], bursts[i], &res[i])
 			final.expireMs = nowMs + ttl
+			subj := subjs[i]
 			if subj == nil {
-				subj = &memSubject{}
-				sh.subjects[subject] = subj
+				sh := m.shard(subjects[i])
+				if subj = sh.subjects[subjects[i]]; subj == nil {
+					subj = &memSubject{}
+					sh.subjects[subjects[i]] = subj
+				}
+				subjs[i] = subj
 			}
 			subj.store(o.policy, o.tag(), final)
 		} else {

@@ -55,7 +55,7 @@ func newFlakyStore() *flakyStore {
 
 var errInjected = errors.New("injected store failure")
 
-func (f *flakyStore) eval(ctx context.Context, now time.Time, subject Subject, ops []op, res []result) (bool, error) {
+func (f *flakyStore) eval(ctx context.Context, now time.Time, subjects []Subject, ops []op, res []result) (bool, error) {
 	f.calls.Add(1)
 	if f.hang.Load() {
 		<-f.release
@@ -64,7 +64,7 @@ func (f *flakyStore) eval(ctx context.Context, now time.Time, subject Subject, o
 	if f.failing.Load() {
 		return false, errInjected
 	}
-	return f.mem.eval(ctx, now, subject, ops, res)
+	return f.mem.eval(ctx, now, subjects, ops, res)
 }
 
 func mustPolicies(t testing.TB, doc string) []*Policy {

@@ -1,17 +1,34 @@
--- Quotient: evaluate every policy of one subject atomically.
+#!lua flags=allow-cross-slot-keys
+-- Quotient: evaluate every policy of one request atomically, across its
+-- subjects: if an enforced policy of any subject rejects, nothing is
+-- written for any subject.
 -- This script mirrors algorithm.go line for line (same integer state, same
 -- double divisions in the same order); change both together. It is written
 -- for speed: per-op state lives in flat local arrays, not one table per op.
 --
--- KEYS: for each op, its state key, then its share key when the op is a
--- global bucket.
+-- Keys: for each op, its state key, then its share key when the op is a
+-- global bucket. KEYS holds the keys of the first subject (one cluster
+-- slot, as Redis Cluster requires of declared keys); the keys of the other
+-- subjects follow the op values in ARGV, and the flag
+-- allow-cross-slot-keys lets the script reach them. On a cluster the
+-- caller sends one call only when every subject's slot is on this node
+-- (a key of another node fails the call in the first loop, which only
+-- reads, so nothing is written).
 -- ARGV[1]: '' (use Redis server TIME) or a time in µs (tests only).
 -- ARGV[2]: number of ops; then 8 values per op:
 --   algo (1 token, 2 leaky, 3 fixed, 4 sliding log, 5 sliding counter,
 --   6 fixed replicated across regions), flags (1 enforce, 2 global), cost,
 --   rate (milli-tokens/s), burst (milli-tokens), limit, window (ms; 0 for
---   algo 3 and 6: the UTC calendar month), and this region's name (algo 6).
--- Returns {allowed, then per op: admit, remaining, reset_ms, retry_ms, delay_ms}.
+--   algo 3 and 6: the UTC calendar month), and this region's name (algo 6);
+--   then '1' or '0' (report overwritten bucket states, for refunds); then
+--   the keys that do not fit in KEYS, in op order.
+-- Returns {allowed, now (µs), then per op: admit, remaining, reset_ms,
+-- retry_ms, delay_ms, and five refund values}. The refund values say what
+-- an op wrote, for refund.lua (zeros when it wrote nothing): buckets the
+-- two 6-byte halves of the state written, the rate, and (when ARGV asks)
+-- the halves of the state overwritten; fixed windows, replicated windows
+-- and sliding counters the window start; sliding logs the entry's time
+-- (ms).
 local nowus
 if ARGV[1] ~= '' then
   nowus = tonumber(ARGV[1])
@@ -29,6 +46,12 @@ local NANO_PER_MILLI = 1000000
 local MAXRATE, MAXBURST = 1000000000000, 1000000000
 local P48, P51 = 281474976710656, 2251799813685248
 local n = tonumber(ARGV[2])
+local K = {}
+for j = 1, #KEYS do K[j] = KEYS[j] end
+-- ARGV[3 + 8n]: '1' when the caller may refund (refund.lua), so buckets
+-- report the state they overwrite.
+local keepPrev = ARGV[3 + 8 * n] == '1'
+for j = 4 + 8 * n, #ARGV do K[#K + 1] = ARGV[j] end
 
 -- month(ms): the UTC calendar month containing ms, as start, end (ms).
 -- internal/calendar/month.go (MonthAt) in doubles: every value is an
@@ -87,11 +110,11 @@ for i = 1, n do
   local burst = tonumber(ARGV[base + 5])
   local limit = tonumber(ARGV[base + 6])
   local win = tonumber(ARGV[base + 7])
-  local key = KEYS[ki]
+  local key = K[ki]
   ki = ki + 1
   local drate = rate
   if flags >= 2 and algo ~= 6 then
-    local sh = call('HMGET', KEYS[ki], 'r', 'b')
+    local sh = call('HMGET', K[ki], 'r', 'b')
     ki = ki + 1
     if sh[1] and sh[2] then
       rate = tonumber(sh[1])
@@ -261,11 +284,13 @@ for i = 1, n do
   if not admit and ENF[i] then allowed = 0 end
 end
 
-local out = {allowed}
+local out = {allowed, nowus}
 for i = 1, n do
   local algo, cost, rate, burst, limit, win, key = ALGO[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i]
   local a, b, c, admit = A[i], B[i], C[i], ADMIT[i]
   local write = allowed == 1 and admit and cost > 0
+  local prev = false
+  if keepPrev and write and (algo == 1 or algo == 2) then prev = call('GET', key) end
   local remaining, reset, ttl = 0, 0, 1000
   if algo == 1 or algo == 2 then
     -- a: nano-tokens now (algorithm.go: consume, report, bucketState)
@@ -345,10 +370,37 @@ for i = 1, n do
   if allowed == 1 and admit then retry = 0 end
   local adm = 0
   if admit then adm = 1 end
+  local ra, rb, rc, rd, re = 0, 0, 0, 0, 0
+  if write then
+    if algo == 1 or algo == 2 then
+      -- The two halves of the 12 bytes written (as above), the rate, and
+      -- the halves of the state overwritten (-1: none, -2: not 12 bytes).
+      local tms = floor(nowus / 1000)
+      local u = a - (nowus - tms * 1000) * rate + P51
+      local hi = floor(u / P48)
+      ra, rb, rc = tms * 16 + hi, u - hi * P48, rate
+      if not prev then
+        rd = -1
+      elseif #prev == 12 then
+        rd, re = struct.unpack('>I6I6', prev)
+      else
+        rd = -2
+      end
+    elseif algo == 4 then
+      ra = LOG[i][#LOG[i]][1]
+    else
+      ra = a
+    end
+  end
   out[#out + 1] = adm
   out[#out + 1] = remaining
   out[#out + 1] = reset
   out[#out + 1] = retry
   out[#out + 1] = delay
+  out[#out + 1] = ra
+  out[#out + 1] = rb
+  out[#out + 1] = rc
+  out[#out + 1] = rd
+  out[#out + 1] = re
 end
 return out

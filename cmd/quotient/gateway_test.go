@@ -321,3 +321,58 @@ func TestGatewayFollowsRedisPolicies(t *testing.T) {
 	assert.Equal(t, 6, admitted("k2"), "the override's burst of 6")
 	assert.Equal(t, 0, admitted("k1"), "k1 has no override and its burst is spent")
 }
+
+// TestGatewayAllOrNothingAcrossSubjects is issue #19's example through the
+// binary, on a standalone Redis and on a three-node cluster: a per-key
+// burst of 5 and a per-account quota of 8 per hour; k3 sends 8 requests
+// (200 x5, 429 x3); the three it was refused must not count against the
+// account, so k4, another key of the account, is admitted 3 times and then
+// refused by the account.
+func TestGatewayAllOrNothingAcrossSubjects(t *testing.T) {
+	const policies = `[
+ {"id":"burst","subject":"api_key","algorithm":"token_bucket","rate_per_sec":0.01,"burst":5},
+ {"id":"acct","subject":"account","algorithm":"fixed_window","limit":8,"window_s":3600}
+]`
+	const keys = `{"k3":{"tier":"pro","account":"acme"},"k4":{"tier":"pro","account":"acme"}}`
+	for _, layout := range []string{"standalone", "cluster"} {
+		t.Run(layout, func(t *testing.T) {
+			var addr string
+			if layout == "standalone" {
+				addr = redistest.StartServer(t).Addr()
+			} else {
+				addr = strings.Join(redistest.StartCluster(t).Addrs(), ",")
+			}
+			// The account's window is the UTC hour: start well inside one,
+			// waiting (at most 15 s) when the hour is about to end.
+			if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < 15*time.Second {
+				t.Logf("waiting %v for the next hour", left)
+				time.Sleep(left)
+			}
+			dir := t.TempDir()
+			base, _, _ := startGateway(t,
+				"--upstream", upstream(t).URL, "--redis", addr,
+				"--policies", gwFile(t, dir, "p.json", policies),
+				"--keys", gwFile(t, dir, "k.json", keys),
+				"--timeout", "2s")
+			c := &http.Client{Timeout: 10 * time.Second}
+			send := func(key string, n int) (codes []int, last *http.Response) {
+				for range n {
+					resp, _ := get(t, c, base+"/v1/orders", map[string]string{"X-API-Key": key})
+					codes = append(codes, resp.StatusCode)
+					last = resp
+				}
+				return codes, last
+			}
+			codes, _ := send("k3", 8)
+			assert.Equal(t, []int{200, 200, 200, 200, 200, 429, 429, 429}, codes, "k3")
+			codes, last := send("k4", 4)
+			assert.Equal(t, []int{200, 200, 200, 429}, codes, "k4: the account kept 3 for it")
+			rl, err := httpsfv.UnmarshalList(last.Header.Values("RateLimit"))
+			require.NoError(t, err)
+			require.NotEmpty(t, rl)
+			assert.Equal(t, "acct", rl[0].(httpsfv.Item).Value, "the account refused k4's fourth request")
+			r, _ := rl[0].(httpsfv.Item).Params.Get("r")
+			assert.Equal(t, int64(0), r)
+		})
+	}
+}
