@@ -554,6 +554,7 @@ func (l *Limiter) CheckSubjectFallbackAt(now time.Time, subject Subject, policie
 	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(policies))}
 	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
 	d.Allowed = l.fb.decide(now, subject, policies, costs, closedRetry, d.Policies)
+	foldDelay(&d, d.Policies)
 	return d, nil
 }
 
@@ -716,6 +717,7 @@ func (l *Limiter) fallbackGroup(now time.Time, subj Subject, policies []*Policy,
 	if !allowed {
 		d.Allowed = false
 	}
+	foldDelay(d, d.Policies[base:])
 	d.Source = worse(d.Source, SourceFallback)
 	l.countUsage(now, subj, policies, req, d.Policies[base:], allowed)
 	return nil
