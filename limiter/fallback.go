@@ -61,7 +61,8 @@ type fallbackLimiter struct {
 	policy   *Policy
 	op       op
 	st       *state
-	expireMs int64
+	expireMs int64 // when st expires (ms)
+	lastUs   int64 // the latest time decided at (µs)
 }
 
 func newFallback(maxKeys int, openFactor float64, instances, regions int) *fallback {
@@ -176,8 +177,13 @@ func (f *fallback) decide(now time.Time, subj Subject, policies []*Policy, costs
 		if cur != nil && fl.expireMs <= nowMs {
 			cur = nil
 		}
-		s := advance(&o, cur, nowUs, o.rate, o.burst)
-		admit, r := decide(&o, &s, nowUs, o.rate, o.burst)
+		// A limiter's time never goes back: a request that reaches the
+		// fallback after a later one (its store call took longer) is
+		// decided at the later time, as Redis decides at the time the
+		// call runs, not at the time it was sent.
+		fl.lastUs = max(fl.lastUs, nowUs)
+		s := advance(&o, cur, fl.lastUs, o.rate, o.burst)
+		admit, r := decide(&o, &s, fl.lastUs, o.rate, o.burst)
 		r.allowed = admit
 		if !admit && p.Mode == Enforce {
 			allowed = false
@@ -193,12 +199,13 @@ func (f *fallback) decide(now time.Time, subj Subject, policies []*Policy, costs
 		o.cost = costs[i]
 		r := &res[i]
 		final := adv[i]
+		at := fl.lastUs
 		if allowed && r.allowed && o.cost > 0 {
-			final = consume(&o, final, nowUs, o.rate)
-			ttl := report(&o, &final, nowUs, o.rate, o.burst, r)
-			fl.st, fl.expireMs = &final, nowMs+ttl
+			final = consume(&o, final, at, o.rate)
+			ttl := report(&o, &final, at, o.rate, o.burst, r)
+			fl.st, fl.expireMs = &final, at/1000+ttl
 		} else {
-			report(&o, &final, nowUs, o.rate, o.burst, r)
+			report(&o, &final, at, o.rate, o.burst, r)
 		}
 		pd := &out[i]
 		pd.Allowed = r.allowed

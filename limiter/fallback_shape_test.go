@@ -119,3 +119,28 @@ func TestFallbackWindowsKeepTheirWindows(t *testing.T) {
 		assert.Equal(t, 25, got, "limit 100 / 4 instances")
 	})
 }
+
+// TestFallbackTimeNeverGoesBack: a request that reaches the fallback after
+// a later one (its store call took longer to fail) is decided at the later
+// time, so it neither waits for time that has already passed nor takes a
+// place from the queue: 20 requests fit the queue of 20 whatever order
+// their times arrive in.
+func TestFallbackTimeNeverGoesBack(t *testing.T) {
+	ps := mustPolicies(t, `[{"id":"shape","algorithm":"leaky_bucket","rate_per_sec":5,"burst":10}]`)
+	l, err := New(Config{}, ps)
+	require.NoError(t, err)
+	subj := Subject{Kind: SubjectAPIKey, Value: "k"}
+	d, err := l.CheckSubjectFallbackAt(at(3), subj, ps, 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	assert.Zero(t, d.Delay)
+	for k := 1; k < 20; k++ {
+		d, err := l.CheckSubjectFallbackAt(at(0), subj, ps, 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "request %d", k)
+		assert.Equal(t, time.Duration(k)*100*time.Millisecond, d.Delay, "request %d", k)
+	}
+	d, err = l.CheckSubjectFallbackAt(at(0), subj, ps, 1)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed, "the queue holds 20")
+}
