@@ -144,6 +144,14 @@ func (s *RedisStore) Warm(ctx context.Context, cfg WarmConfig) (nodes int, err e
 func warmNode(ctx context.Context, node *redis.Client, conns int) error {
 	addr := node.Options().Addr
 	conns = min(conns, node.Options().PoolSize)
+	// One PING through the client itself first: it fails fast when the
+	// node is down, and its handshake settles what go-redis learns about
+	// the server on a first connection (the maintenance notifications
+	// mode, written under the client's own lock), so that the Conns below,
+	// each with a lock of its own, only read it.
+	if err := node.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("%w: node %s: connect: %v", ErrNotWarm, addr, err)
+	}
 	// Each Conn holds its own pool connection from its first command
 	// until Close, so conns PINGs in flight at once open conns
 	// connections; Close puts them back in the pool, idle.
