@@ -51,6 +51,7 @@ type gatewayConfig struct {
 	timeout, reload, epoch, maxDelay, shutdown, policyInterval              time.Duration
 	instances, usageShards, pipeline                                        int
 	eventSample                                                             float64
+	warm                                                                    warmFlags
 }
 
 func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
@@ -80,7 +81,11 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 	fs.IntVar(&c.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (must match the coordinator)")
 	fs.Float64Var(&c.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
 	fs.IntVar(&c.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
+	addWarmFlags(fs, &c.warm)
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
+		return nil, err
+	}
+	if err := c.warm.validate(); err != nil {
 		return nil, err
 	}
 	switch {
@@ -164,6 +169,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	client := newRedisClient(splitList(cfg.redis))
 	defer client.Close()
 	lcfg := limiter.DefaultConfig()
+	var rs *limiter.RedisStore
 	if cfg.pipeline > 0 {
 		pcfg := limiter.DefaultPipelineConfig()
 		pcfg.Workers = cfg.pipeline
@@ -172,10 +178,11 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 			return err
 		}
 		defer store.Close()
-		lcfg.Store = store
+		rs = store
 	} else {
-		lcfg.Store = limiter.NewRedisStore(client)
+		rs = limiter.NewRedisStore(client)
 	}
+	lcfg.Store = rs
 	lcfg.Deadline = cfg.timeout
 	lcfg.Instances = cfg.instances
 	lcfg.UsageEpoch = cfg.epoch
@@ -213,6 +220,11 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 		hook.r.Store(reloader)
 	}
 
+	ready, err := newGatewayReadiness(rs, reloader, cfg.warm, log, regionReg)
+	if err != nil {
+		return err
+	}
+
 	flusher := limiter.NewUsageFlusher(l, limiter.NewRedisUsageSink(client, cfg.usageShards, cfg.epoch, 3), limiter.UsageFlusherConfig{Logger: log})
 	flusher.Start()
 	defer flusher.Stop()
@@ -233,7 +245,9 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	)
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
-	mux.Handle("/", mw(proxy))
+	mux.Handle("/", ready.gate(mw(proxy)))
+	mux.HandleFunc("/readyz", ready.readyz)
+	mux.HandleFunc("/healthz", healthz)
 	servers := []*http.Server{}
 	var metricsLn net.Listener
 	if cfg.metricsListen == "" {
@@ -273,6 +287,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
+	go ready.run(watchCtx)
 	if watcher != nil {
 		go watcher.run(watchCtx, cfg.reload)
 	} else {
