@@ -78,6 +78,7 @@ type pipeliner struct {
 	// holds it exclusively, so nothing is enqueued after close drains.
 	mu     sync.RWMutex
 	closed bool
+	cold   *coldSignal // set before the first decision (warm.go)
 }
 
 func newPipeliner(client redis.UniversalClient, cfg PipelineConfig) *pipeliner {
@@ -157,6 +158,7 @@ func (p *pipeliner) send(batch []*pending) {
 		}
 	}
 	if len(retry) > 0 {
+		p.cold.notify()
 		pipe := p.client.Pipeline()
 		for _, i := range retry {
 			cmds[i] = evalScript.Eval(ctx, pipe, batch[i].keys, batch[i].args...)

@@ -47,6 +47,8 @@ type RedisStore struct {
 	// pipe, when set, sends concurrent decisions together (automatic
 	// pipelining); see NewPipelinedRedisStore.
 	pipe *pipeliner
+	// cold tells a Warmer that a decision found a script missing (warm.go).
+	cold coldSignal
 }
 
 // NewPipelinedRedisStore is NewRedisStore with automatic pipelining: the
@@ -63,6 +65,7 @@ func NewPipelinedRedisStore(client redis.UniversalClient, cfg PipelineConfig) (*
 	}
 	s := NewRedisStore(client)
 	s.pipe = newPipeliner(client, cfg)
+	s.pipe.cold = &s.cold
 	s.boundedByContext = true
 	return s, nil
 }
@@ -167,7 +170,7 @@ func (s *RedisStore) eval(ctx context.Context, now time.Time, subj Subject, ops 
 	if s.pipe != nil {
 		v, err = s.pipe.do(ctx, keys, args)
 	} else {
-		v, err = evalScript.Run(ctx, s.client, keys, args...).Int64Slice()
+		v, err = s.runScript(ctx, keys, args)
 	}
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", ErrStoreUnavailable, err)

@@ -221,6 +221,36 @@ func (s *RedisStore) checkWarm(ctx context.Context) error {
 	}
 }
 
+// coldSignal is how the request path tells a Warmer that a node forgot
+// its scripts: a decision that meets NOSCRIPT calls notify, which wakes
+// the Warmer to load them at once, so that only the decisions already in
+// flight pay for an EVAL. The zero value (and a nil one) does nothing.
+// Safe for concurrent use; notify never blocks.
+type coldSignal struct {
+	fn atomic.Pointer[func()]
+}
+
+func (c *coldSignal) notify() {
+	if c == nil {
+		return
+	}
+	if f := c.fn.Load(); f != nil {
+		(*f)()
+	}
+}
+
+// runScript runs the decision script with EVALSHA and, when Redis has
+// forgotten it (NOSCRIPT: a restart, a failover, a flush), sends it with
+// EVAL, which also caches it again, and wakes the Warmer.
+func (s *RedisStore) runScript(ctx context.Context, keys []string, args []any) ([]int64, error) {
+	v, err := evalScript.EvalSha(ctx, s.client, keys, args...).Int64Slice()
+	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		s.cold.notify()
+		v, err = evalScript.Eval(ctx, s.client, keys, args...).Int64Slice()
+	}
+	return v, err
+}
+
 // WarmStatus is a Warmer's view of its store.
 type WarmStatus struct {
 	// Warm is set while every node was warm at the last warm-up or check.
@@ -240,8 +270,10 @@ type WarmStatus struct {
 // Warmer keeps a RedisStore warm: Run warms it at once, retries every
 // Interval until that succeeds, then checks every Interval that each node
 // still holds the scripts and warms again (reload, redial) whatever node
-// forgot them, so that after a Redis restart or failover at most the
-// decisions of one Interval pay for a script load. Status and Ready are
+// forgot them. A decision that meets NOSCRIPT wakes it at once, so after
+// a Redis restart or failover only the decisions in flight before that
+// pay for a script load (one EVAL each), not those of a whole Interval.
+// Use one Warmer per store. Status and Ready are
 // safe for concurrent use; Run must be called once.
 type Warmer struct {
 	store *RedisStore
@@ -249,6 +281,7 @@ type Warmer struct {
 
 	ready     chan struct{}
 	readyOnce sync.Once
+	kick      chan struct{} // a decision met NOSCRIPT: check now
 	mu        sync.Mutex
 	st        WarmStatus
 
@@ -265,7 +298,7 @@ func NewWarmer(store *RedisStore, cfg WarmConfig) (*Warmer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	w := &Warmer{store: store, cfg: cfg, ready: make(chan struct{})}
+	w := &Warmer{store: store, cfg: cfg, ready: make(chan struct{}), kick: make(chan struct{}, 1)}
 	w.warm = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "quotient_store_warm",
 		Help: "1 when every Redis node of the store has its connections open and its scripts loaded, else 0.",
@@ -337,7 +370,17 @@ func (w *Warmer) warmOnce(ctx context.Context) bool {
 
 // Run warms the store and keeps it warm until ctx ends; it returns
 // ctx.Err(). Failures are logged, counted and kept in Status, never fatal.
+// Besides every Interval, it checks at once when a decision of the store
+// meets NOSCRIPT.
 func (w *Warmer) Run(ctx context.Context) error {
+	kick := func() {
+		select {
+		case w.kick <- struct{}{}:
+		default:
+		}
+	}
+	w.store.cold.fn.Store(&kick)
+	defer w.store.cold.fn.Store(nil)
 	warm := w.warmOnce(ctx)
 	t := time.NewTicker(w.cfg.Interval)
 	defer t.Stop()
@@ -346,6 +389,10 @@ func (w *Warmer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
+		case <-w.kick:
+			// A node has forgotten the scripts: warm every node again.
+			warm = w.warmOnce(ctx)
+			continue
 		}
 		if !warm {
 			warm = w.warmOnce(ctx)

@@ -112,3 +112,51 @@ func TestWarmerRewarmsAfterRestart(t *testing.T) {
 	assert.True(t, w.Status().Warm)
 	assert.GreaterOrEqual(t, gatherValue(t, reg, "quotient_store_warmups_total", map[string]string{"result": "ok"}), 2.0)
 }
+
+// TestNoScriptWakesTheWarmer: a decision that meets NOSCRIPT (the scripts
+// flushed, as a restart or failover does) is still answered by the store
+// (one EVAL) and wakes the Warmer, which loads every script again at once,
+// long before its next periodic check (an hour away here): the decisions
+// after it find the scripts.
+func TestNoScriptWakesTheWarmer(t *testing.T) {
+	for _, pipelined := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "pipelined"}[pipelined], func(t *testing.T) {
+			srv := redistest.StartServer(t)
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = client.Close() })
+			store := NewRedisStore(client)
+			if pipelined {
+				var err error
+				store, err = NewPipelinedRedisStore(client, DefaultPipelineConfig())
+				require.NoError(t, err)
+				t.Cleanup(store.Close)
+			}
+			w, err := NewWarmer(store, WarmConfig{Interval: time.Hour})
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- w.Run(ctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+			select {
+			case <-w.Ready():
+			case <-time.After(10 * time.Second):
+				t.Fatalf("not ready: %+v", w.Status())
+			}
+			l, err := New(Config{Store: store, Deadline: 5 * time.Second}, mustPolicies(t, `[{"id":"q","algorithm":"token_bucket","rate_per_sec":1,"burst":5}]`))
+			require.NoError(t, err)
+
+			require.NoError(t, srv.Client().ScriptFlush(context.Background()).Err())
+			d, err := l.Check(context.Background(), Request{Identity: Identity{APIKey: "k"}, Method: "GET", Path: "/"})
+			require.NoError(t, err)
+			assert.Equal(t, SourceStore, d.Source, "answered with EVAL")
+			deadline := time.Now().Add(10 * time.Second)
+			for w.Status().Warmups < 2 {
+				require.True(t, time.Now().Before(deadline), "the Warmer was not woken: %+v", w.Status())
+				time.Sleep(5 * time.Millisecond) // polling a real server with a deadline
+			}
+			have, err := srv.Client().ScriptExists(context.Background(), scriptHashes()...).Result()
+			require.NoError(t, err)
+			assert.Equal(t, []bool{true, true}, have, "both scripts, not only the one the EVAL cached")
+		})
+	}
+}
