@@ -39,7 +39,9 @@ reloaded when it changes (the last good version stays on bad input). With
 snapshot the region's coordinators materialise from the policy log (reloaded
 on notification and every --policy-interval); --policies is then optional,
 the set in force until the first snapshot.
-/metrics serves Prometheus metrics. Every flag can also be set with
+/metrics serves Prometheus metrics; /readyz answers 503 until the Redis
+connections and scripts are warm on every node (or --warm-timeout passes:
+ready in fallback), /healthz 200 while the process runs. Every flag can also be set with
 QUOTIENT_<FLAG> (--redis is QUOTIENT_REDIS).
 
 flags:`
