@@ -93,8 +93,9 @@ var ErrNotWarm = errors.New("limiter: store not warm")
 // on a Redis Cluster it reads the cluster's slots and then, on every
 // primary and replica (a replica holds the scripts too, so a failover
 // finds them), opens cfg.Conns connections (PING on each, then left idle
-// in the client's pool) and loads every script (SCRIPT LOAD), so that no
-// decision pays a dial or an EVAL of the script source. On a standalone
+// in the client's pool) and loads every script (SCRIPT LOAD), and has the
+// cluster client read the server's command table, so that no decision pays
+// a dial, an EVAL of the script source or a COMMAND. On a standalone
 // Redis it does the same on the one server. Share records need no warm-up:
 // the script reads a subject's share in the same call as its bucket.
 //
@@ -121,6 +122,14 @@ func (s *RedisStore) Warm(ctx context.Context, cfg WarmConfig) (nodes int, err e
 		err = c.ForEachShard(ctx, each)
 		if err != nil && n.Load() == 0 && !errors.Is(err, ErrNotWarm) {
 			err = fmt.Errorf("%w: cluster slots: %v", ErrNotWarm, err)
+		}
+		if err == nil {
+			// The cluster client reads the server's command table
+			// (COMMAND, a large reply) on its first routed command;
+			// let that be this one rather than a decision's.
+			if e := c.Exists(ctx, "quotient:warm").Err(); e != nil {
+				err = fmt.Errorf("%w: cluster command table: %v", ErrNotWarm, e)
+			}
 		}
 	case *redis.Client:
 		err = each(ctx, c)

@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"context"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,6 +14,18 @@ import (
 
 	"github.com/quotientlabs/quotient/internal/redistest"
 )
+
+// infoInt is the number that re captures in an INFO reply, 0 when absent.
+func infoInt(t *testing.T, info, re string) int64 {
+	t.Helper()
+	m := regexp.MustCompile(re).FindStringSubmatch(info)
+	if m == nil {
+		return 0
+	}
+	v, err := strconv.ParseInt(m[1], 10, 64)
+	require.NoError(t, err)
+	return v
+}
 
 func scriptHashes() []string {
 	hs := make([]string, len(storeScripts))
@@ -45,6 +59,27 @@ func TestWarmClusterLoadsEveryNode(t *testing.T) {
 	st := client.PoolStats()
 	assert.GreaterOrEqual(t, st.IdleConns, uint32(3*5), "5 idle connections per node: %+v", st)
 	require.NoError(t, s.checkWarm(ctx))
+
+	// The first decision sends nothing but its EVALSHA: no COMMAND (the
+	// cluster client's command table), no EVAL, no new connection.
+	work := func() (commands, evals, conns int64) {
+		for _, n := range cl.Nodes() {
+			info, err := n.Client().Info(ctx, "commandstats", "stats").Result()
+			require.NoError(t, err)
+			commands += infoInt(t, info, `(?m)^cmdstat_command:calls=(\d+)`)
+			evals += infoInt(t, info, `(?m)^cmdstat_eval:calls=(\d+)`)
+			conns += infoInt(t, info, `(?m)^total_connections_received:(\d+)`)
+		}
+		return
+	}
+	c0, e0, n0 := work()
+	l, err := New(Config{Store: s, Deadline: 5 * time.Second}, mustPolicies(t, `[{"id":"q","algorithm":"token_bucket","rate_per_sec":1,"burst":5}]`))
+	require.NoError(t, err)
+	d, err := l.Check(ctx, Request{Identity: Identity{APIKey: "first"}, Method: "GET", Path: "/"})
+	require.NoError(t, err)
+	require.Equal(t, SourceStore, d.Source)
+	c1, e1, n1 := work()
+	assert.Equal(t, [3]int64{c0, e0, n0}, [3]int64{c1, e1, n1}, "COMMAND, EVAL and connections before and after the first decision")
 
 	// A node that forgets its scripts is found by the check.
 	require.NoError(t, cl.Nodes()[1].Client().ScriptFlush(ctx).Err())
