@@ -424,3 +424,51 @@ func TestGatewayStartsInFallbackWhenRedisIsDown(t *testing.T) {
 	_, b := get(t, c, base+"/readyz", nil)
 	assert.Contains(t, string(b), "ready: redis warm")
 }
+
+// TestGatewayWarmsEveryClusterNode: with a three-node Redis Cluster the
+// gateway is ready only once every node holds the scripts and the warm
+// connections, and the first bursts (8 concurrent requests, within the
+// warm connections) pay no dial and no script load on any node.
+func TestGatewayWarmsEveryClusterNode(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	up := upstream(t)
+	dir := t.TempDir()
+	base, stderr, _ := startGateway(t, "--upstream", up.URL, "--redis", strings.Join(cl.Addrs(), ","), "--redis-pipeline", "0",
+		"--policies", gwFile(t, dir, "p.json", shapePolicies), "--keys", gwFile(t, dir, "k.json", shapeKeys),
+		"--timeout", "50ms")
+	body := waitReady(t, base, stderr, 5*time.Second)
+	assert.Contains(t, body, "ready: redis warm (3 nodes")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	before := map[string]serverWork{}
+	for _, n := range cl.Nodes() {
+		info, err := n.Client().Info(ctx, "clients").Result()
+		require.NoError(t, err)
+		m := regexp.MustCompile(`(?m)^connected_clients:(\d+)`).FindStringSubmatch(info)
+		require.NotNil(t, m)
+		clients, _ := strconv.Atoi(m[1])
+		assert.GreaterOrEqual(t, clients, 10, "node %s: the gateway's warm connections: 16 (--warm-conns default with --redis-pipeline 0) capped at the cluster client's pool of 10 per node on 2 cores", n.Addr())
+		before[n.Addr()] = workOf(t, n)
+	}
+	// Keys k1, k2 and k3 hash to slots on different nodes or not: every
+	// node was warmed, so none pays a dial or an EVAL.
+	for _, k := range []string{"k1", "k2", "k3"} {
+		codes := burst(t, base, "/c-"+k, k, 8)
+		assert.Equal(t, 8, countOf(codes, 200), "%s: %v", k, codes)
+	}
+	for _, n := range cl.Nodes() {
+		assert.Equal(t, before[n.Addr()], workOf(t, n), "node %s: no dial, no NOSCRIPT, no EVAL on the request path", n.Addr())
+	}
+	_, m := get(t, &http.Client{Timeout: 5 * time.Second}, base+"/metrics", nil)
+	assert.Contains(t, string(m), "quotient_limiter_store_errors_total{region=\"local\"} 0\n")
+}
+
+func countOf(codes []int, code int) int {
+	n := 0
+	for _, c := range codes {
+		if c == code {
+			n++
+		}
+	}
+	return n
+}
