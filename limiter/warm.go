@@ -296,6 +296,10 @@ type Warmer struct {
 
 	warm    prometheus.Gauge
 	warmups *prometheus.CounterVec
+
+	// loggedErr and loggedAt (Run's goroutine only) rate-limit the log.
+	loggedErr string
+	loggedAt  time.Time
 }
 
 // NewWarmer returns a Warmer of store. It fails when cfg is invalid or
@@ -367,10 +371,16 @@ func (w *Warmer) warmOnce(ctx context.Context) bool {
 	}
 	if err != nil {
 		w.warmups.WithLabelValues("error").Inc()
-		w.cfg.Logger.Warn("limiter: store not warm; retrying", "err", err, "retry_in", w.cfg.Interval)
+		// Once per distinct error, and every 30 s while it lasts: an outage
+		// retried every Interval does not flood the log.
+		if msg := err.Error(); msg != w.loggedErr || time.Since(w.loggedAt) >= 30*time.Second {
+			w.loggedErr, w.loggedAt = msg, time.Now()
+			w.cfg.Logger.Warn("limiter: store not warm; retrying", "err", err, "retry_every", w.cfg.Interval)
+		}
 		w.set(false, nodes, err)
 		return false
 	}
+	w.loggedErr = ""
 	w.warmups.WithLabelValues("ok").Inc()
 	w.cfg.Logger.Info("limiter: store warm", "nodes", nodes, "conns_per_node", w.store.warmConns(w.cfg), "took", time.Since(start))
 	w.set(true, nodes, nil)
