@@ -474,3 +474,29 @@ func countOf(codes []int, code int) int {
 	}
 	return n
 }
+
+// TestGatewayWarmFlags: the warm-start flags have their documented
+// defaults, read QUOTIENT_<FLAG>, and bad values are refused naming the
+// flag.
+func TestGatewayWarmFlags(t *testing.T) {
+	env := func(vars map[string]string) environment {
+		return environment{stdout: &syncBuffer{}, stderr: &syncBuffer{}, lookupEnv: func(k string) (string, bool) { v, ok := vars[k]; return v, ok }}
+	}
+	base := []string{"--upstream", "http://127.0.0.1:1", "--redis", "127.0.0.1:1", "--policies", "p.json"}
+	cfg, err := parseGatewayFlags(env(nil), base)
+	require.NoError(t, err)
+	assert.Equal(t, warmFlags{timeout: 5 * time.Second, interval: time.Second, conns: 0}, cfg.warm)
+	cfg, err = parseGatewayFlags(env(map[string]string{"QUOTIENT_WARM_TIMEOUT": "30s", "QUOTIENT_WARM_CONNS": "4"}), base)
+	require.NoError(t, err)
+	assert.Equal(t, 30*time.Second, cfg.warm.timeout)
+	assert.Equal(t, 4, cfg.warm.conns)
+	for flagArgs, want := range map[[2]string]string{
+		{"--warm-timeout", "0s"}:   "--warm-timeout must be > 0",
+		{"--warm-interval", "-1s"}: "--warm-interval must be > 0",
+		{"--warm-conns", "-1"}:     "--warm-conns must be between 0 and 4096",
+		{"--warm-conns", "5000"}:   "--warm-conns must be between 0 and 4096",
+	} {
+		_, err := parseGatewayFlags(env(nil), append(append([]string{}, base...), flagArgs[0], flagArgs[1]))
+		assert.ErrorContains(t, err, want, "%v", flagArgs)
+	}
+}
