@@ -22,13 +22,43 @@ import (
 // repeats in doubles (exact: every value is an integer below 2^53 and every
 // division is floored), so both sides cut the same months.
 //
-// A bucket's whole state is one integer, the time (µs) at which it will be
-// full again (token bucket) or empty (leaky bucket): its deficit (tokens
-// missing, or work queued) at time now is (F - now) x rate, and it grows by
-// ceil(cost / rate) µs per admission. This is the generic cell rate
-// algorithm's form of a bucket: one integer per bucket keeps Redis memory
-// within the design budget, and a key that expires (at F + 1 s) is exactly
-// a full bucket, whatever the rate and burst are by then.
+// A bucket's state is the tokens it held at a time: T nano-tokens (free
+// capacity, for a leaky bucket) at the start of millisecond t. At time now
+// it holds T + (now - t) x rate, at most its capacity and at least zero;
+// an admission takes cost x 10^9 nano-tokens. The rate and burst are those
+// in force at the decision (a share, an override, an edited policy), so a
+// change of either carries the tokens that were left: a bucket emptied at
+// 500/s and cut to 50/s at the same instant holds nothing, and refills at
+// 50/s from there; a smaller burst clamps, a larger one adds nothing. (The
+// store cannot know when between two admissions a rate changed: the rate
+// read at a decision applies since the last admission, the last write.)
+// The state is kept at a millisecond, not the decision's microsecond, so
+// that it packs into 12 bytes in Redis (see script.lua): T is moved back
+// to the millisecond's start at the rate of the write, and a decision in
+// the same millisecond at another rate is off by less than one millisecond
+// of refill.
+//
+// Rate 0 (only a share record can say so: the parser wants at least 0.001
+// tokens/s) means no refill: the bucket keeps what it holds, and a cost it
+// cannot cover is rejected with retry never (Decision Never), whatever the
+// burst. A leaky bucket at rate 0 forwards what it admits at once (its
+// queue never drains, so there is no delay to wait). Burst 0 admits only
+// peeks. Share records are clamped to the parser's bounds (rate 0 to
+// MaxRatePerSec, burst 0 to MaxBurst).
+//
+// A bucket's key expires when it would be full again at the rate of its
+// last write, plus one second, so an expired key is exactly a full bucket
+// while the rate stays; a rate cut while the bucket is idle holds only
+// until then. At rate 0 a bucket is never full again; its key then lives
+// (and its reset says) as long as it would take to fill at the policy's
+// own rate (rate_per_sec; for a global policy its default share,
+// rate_per_sec / regions), after which it is full.
+
+// Bucket state bounds: share records are clamped to these (milli-units).
+const (
+	maxRateMilli  = MaxRatePerSec * 1000
+	maxBurstMilli = MaxBurst * 1000
+)
 
 const (
 	nano         = 1_000_000_000 // nano-tokens per token
@@ -101,8 +131,8 @@ type logEntry struct {
 // state is the stored state of one policy for one subject. Field use by
 // algorithm (and the Redis hash fields that hold them):
 //
-//	token_bucket:           a = µs at which the bucket is full   (a string)
-//	leaky_bucket:           a = µs at which the queue is empty   (a string)
+//	token_bucket:           a = nano-tokens at ms b, b = ms       (12 bytes, bucketPack)
+//	leaky_bucket:           a = free nano-tokens at ms b, b = ms  (12 bytes, bucketPack)
 //	fixed_window:           a = window start ms, b = count         (a string "a:b")
 //	sliding_window_counter: a = window start ms, b = current count,
 //	                        c = previous count                     (a string "a:b:c")
@@ -178,24 +208,48 @@ func floorDiv(x, y int64) int64 {
 	return int64(math.Floor(float64(x) / float64(y)))
 }
 
+// bucketLimits clamps a bucket's rate and burst (milli-units; a share
+// record may hold anything) to what the parser allows, 0 included.
+func bucketLimits(rate, burst int64) (int64, int64) {
+	return min(max(rate, 0), maxRateMilli), min(max(burst, 0), maxBurstMilli)
+}
+
+// bucketTokens is what the bucket state s holds at nowUs at rate, clamped
+// to [0, capN] (nano-tokens). It is computed in doubles, as Lua does: every
+// term below 2^53 is exact, and a sum that is not is far above any
+// capacity and clamps to it.
+func bucketTokens(s *state, nowUs, rate, capN int64) int64 {
+	t := float64(s.a) + float64(float64(nowUs-s.b*1000)*float64(rate))
+	if t > float64(capN) {
+		return capN
+	}
+	if t < 0 {
+		return 0
+	}
+	return int64(t)
+}
+
+// bucketState is the state of a bucket that holds tokens at nowUs: the
+// tokens at the start of nowUs's millisecond, at rate (which may be
+// negative, down to -999 µs of refill).
+func bucketState(tokens, nowUs, rate int64) state {
+	ms := floorDiv(nowUs, 1000)
+	return state{a: tokens - (nowUs-ms*1000)*rate, b: ms}
+}
+
 // advance moves st (nil when the key does not exist) to time nowUs without
 // consuming, and returns the new state. rate and burst are the effective
 // bucket parameters (the share, for global policies).
 func advance(o *op, st *state, nowUs, rate, burst int64) state {
 	switch o.algo {
 	case TokenBucket, LeakyBucket:
-		var f int64
+		rate, burst = bucketLimits(rate, burst)
+		capN := burst * nanoPerMilli
+		tokens := capN
 		if st != nil {
-			f = st.a
+			tokens = bucketTokens(st, nowUs, rate, capN)
 		}
-		base := max(f, nowUs)
-		// A smaller burst than when the deficit was built (a share shrank):
-		// clamp, so the bucket holds no less than zero tokens (no more than
-		// its capacity of queued work).
-		if maxDef := floorDiv(burst*nanoPerMilli, rate); base-nowUs > maxDef {
-			base = nowUs + maxDef
-		}
-		return state{a: base}
+		return bucketState(tokens, nowUs, rate)
 	case FixedWindow:
 		start := fixedStart(o, nowUs/1000)
 		if st == nil || start > st.a {
@@ -266,26 +320,29 @@ func swcEstimate(s *state, windowMs, elapsed int64) float64 {
 func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) {
 	switch o.algo {
 	case TokenBucket, LeakyBucket:
-		capN := burst * nanoPerMilli
-		def := (s.a - nowUs) * rate
-		if o.cost*1000 > burst {
+		rate, burst = bucketLimits(rate, burst)
+		if o.cost > burst/1000 { // cost x 1000 > burst, without overflow
 			return false, result{retryMs: -1}
 		}
+		capN := burst * nanoPerMilli
+		tokens := bucketTokens(s, nowUs, rate, capN)
 		costN := o.cost * nano
-		admit = def+costN <= capN
+		admit = tokens >= costN
 		switch {
-		case admit && o.algo == LeakyBucket:
-			res.delayMs = ceilDiv(s.a-nowUs, 1000)
+		case admit && o.algo == LeakyBucket && rate > 0:
+			res.delayMs = ceilDiv(ceilDiv(capN-tokens, rate), 1000)
+		case !admit && rate > 0:
+			res.retryMs = ceilDiv(ceilDiv(costN-tokens, rate), 1000)
 		case !admit:
-			res.retryMs = ceilDiv(ceilDiv(def+costN-capN, rate), 1000)
+			res.retryMs = -1 // no refill: only a new rate can admit it
 		}
 		return admit, res
 	case FixedWindow:
 		now := windowNow(o, s, nowUs)
 		if o.replicated() {
-			admit = s.total()+o.cost <= o.limit && (s.capv < 0 || s.countOf(o.region)+o.cost <= s.capv)
+			admit = o.cost <= o.limit-s.total() && (s.capv < 0 || o.cost <= s.capv-s.countOf(o.region))
 		} else {
-			admit = s.b+o.cost <= o.limit
+			admit = o.cost <= o.limit-s.b // b + cost <= limit, without overflow
 		}
 		if !admit {
 			if o.cost > o.limit {
@@ -319,7 +376,7 @@ func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) 
 		for _, le := range s.log {
 			total += le.cost
 		}
-		admit = total+o.cost <= o.limit
+		admit = o.cost <= o.limit-total
 		if !admit {
 			if o.cost > o.limit {
 				res.retryMs = -1
@@ -344,7 +401,9 @@ func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) 
 func consume(o *op, s state, nowUs, rate int64) state {
 	switch o.algo {
 	case TokenBucket, LeakyBucket:
-		s.a += ceilDiv(o.cost*nano, rate)
+		rate, _ = bucketLimits(rate, 0)
+		tokens := bucketTokens(&s, nowUs, rate, math.MaxInt64) - o.cost*nano
+		s = bucketState(tokens, nowUs, rate)
 	case FixedWindow, SlidingWindowCounter:
 		if o.replicated() {
 			s.counts = withCount(s.counts, o.region, s.countOf(o.region)+o.cost)
@@ -364,9 +423,15 @@ func consume(o *op, s state, nowUs, rate int64) state {
 func report(o *op, s *state, nowUs, rate, burst int64, res *result) (ttlMs int64) {
 	switch o.algo {
 	case TokenBucket, LeakyBucket:
+		rate, burst = bucketLimits(rate, burst)
 		capN := burst * nanoPerMilli
-		res.remaining = max(0, floorDiv(capN-(s.a-nowUs)*rate, nano))
-		res.resetMs = ceilDiv(s.a-nowUs, 1000)
+		tokens := bucketTokens(s, nowUs, rate, capN)
+		res.remaining = floorDiv(tokens, nano)
+		fill := rate
+		if fill == 0 {
+			fill = max(1, o.rate)
+		}
+		res.resetMs = ceilDiv(ceilDiv(capN-tokens, fill), 1000)
 		return res.resetMs + 1000
 	case FixedWindow:
 		if o.replicated() {

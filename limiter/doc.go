@@ -24,25 +24,28 @@
 //     UTC to the 1st of the next month, 28 to 31 days). Retry and reset run
 //     to the window's end: for a month, until the next month starts.
 //   - sliding_window_log: exact; at most limit cost units in any window of
-//     window_s seconds ending now. Memory and time are O(limit), so keep it for
-//     low limits such as logins.
+//     window_s seconds ending now. Memory and time are O(limit), so its
+//     limit is at most 1,000 (MaxSlidingLogLimit); keep it for low limits
+//     such as logins.
 //   - sliding_window_counter: the weighted estimate
 //     n_prev*(1-e/w) + n_curr of the seed design (section 7.2).
 //
 // # Arithmetic
 //
-// All state is integer. A bucket is one number: the microsecond at which it
-// will be full again (token bucket) or empty (leaky bucket), with contents in
-// nano-tokens (rates are kept to 1/1000 token per second, so a microsecond
-// of refill is a whole number of nano-tokens); windows count cost units in
-// milliseconds. Divisions happen only where a time is derived (the cost of
-// an admission in µs, rounded up; retry-after; reset), in IEEE double
+// All state is integer. A bucket is the nano-tokens it held (free queue
+// space, for a leaky bucket) at a millisecond (rates are kept to 1/1000
+// token per second, so a microsecond of refill is a whole number of
+// nano-tokens), so a change of rate or burst (a share, an override, an
+// edit) carries the tokens that were left; rate 0, which only a share
+// record can set, refills nothing (see algorithm.go). Windows count cost
+// units in milliseconds. Divisions happen only where a time is derived
+// (retry-after, reset, delay), in IEEE double
 // arithmetic in the same order in Lua and Go, so both stores give
 // bit-identical answers. Calendar months are cut with integer
 // days-from-civil arithmetic (internal/calendar), which the script repeats
 // in doubles, exactly. The bounds this imposes (rate at most 1e9/s, burst
-// at most 1e6, window limits at most 1e12) are checked when policies are
-// parsed.
+// at most 1e6, window limits at most 1e12, sliding_window_log limits at
+// most 1,000) are checked when policies are parsed.
 //
 // # All or nothing per subject
 //
@@ -111,8 +114,11 @@
 // one cluster slot. Subjects are escaped (see [Subject.Key]) so no byte
 // string can break a key, move it to another slot, or collide with another
 // subject. Every key has a TTL: a bucket lives until it would be full again
-// plus one second, a window until it ends (a month: until the next month
-// starts) plus one second, so an expired key
-// and a live one always decide alike. A token bucket takes 104 bytes of
-// Redis memory with a 32-character API key (MEMORY USAGE, Redis 7.0).
+// at the rate of its last write (at rate 0: at the policy's own rate) plus
+// one second, a window until it ends (a month: until the next month
+// starts) plus one second, so an expired key and a live one decide alike
+// while the rate stays what it was. A token bucket takes 120 bytes of
+// Redis memory with a 32-character API key (MEMORY USAGE, Redis 7.0): a
+// 12-byte value, 16 bytes more than the single integer buckets kept before
+// they carried their tokens across rate changes.
 package limiter

@@ -20,6 +20,13 @@ func FuzzParsePolicies(f *testing.F) {
 	f.Add([]byte(`{"match":{"routes":[1]}}`))
 	f.Add([]byte(`[{"id":"m","algorithm":"fixed_window","limit":9,"window":"month","scope":"global"}]`))
 	f.Add([]byte(`[{"id":"m","algorithm":"fixed_window","limit":9,"window":"month","window_s":0}]`))
+	// The bounds: sliding_window_log at and over MaxSlidingLogLimit, the
+	// other windows at MaxLimit, buckets at their smallest and largest.
+	f.Add([]byte(`[{"id":"l","algorithm":"sliding_window_log","limit":1000,"window_s":31622400}]`))
+	f.Add([]byte(`[{"id":"l","algorithm":"sliding_window_log","limit":1001,"window_s":1}]`))
+	f.Add([]byte(`[{"id":"c","algorithm":"sliding_window_counter","limit":1000000000000,"window_s":31622400}]`))
+	f.Add([]byte(`[{"id":"b","algorithm":"token_bucket","rate_per_sec":0.001,"burst":1,"scope":"global"}]`))
+	f.Add([]byte(`[{"id":"b","algorithm":"leaky_bucket","rate_per_sec":1000000000,"burst":1000000,"cost":{"POST /x":1000000}}]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ps, err := ParsePolicies(data)
 		if err != nil {
@@ -37,6 +44,9 @@ func FuzzParsePolicies(f *testing.F) {
 		now := time.Date(2028, 2, 29, 23, 59, 59, 0, time.UTC)
 		for _, p := range ps {
 			require.True(t, p.Capacity() > 0)
+			if p.Algorithm == SlidingWindowLog {
+				require.LessOrEqual(t, p.Limit, int64(MaxSlidingLogLimit), p.ID)
+			}
 			if p.Algorithm == FixedWindow {
 				// Every fixed window, of a length or a month, contains now.
 				start, end := p.WindowAt(now)

@@ -3,6 +3,7 @@ package limiter
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +69,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"too precise rate", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":0.0001}]`, "policies[0].rate_per_sec", "three decimals"},
 		{"zero window", `[{"id":"a","algorithm":"fixed_window","limit":5,"window_s":0}]`, "policies[0].window_s", "between 1 and"},
 		{"missing limit", `[{"id":"a","algorithm":"sliding_window_log","window_s":60}]`, "policies[0].limit", "between 1 and"},
+		{"sliding log over its bound", `[{"id":"a","algorithm":"sliding_window_log","limit":1001,"window_s":60}]`, "policies[0].limit", "must be at most 1000, got 1001; use sliding_window_counter"},
+		{"sliding log at the old bound", `[{"id":"a","algorithm":"sliding_window_log","limit":1000000000000,"window_s":60}]`, "policies[0].limit", "sliding_window_log keeps every admitted request"},
 		{"unknown algorithm", `[{"id":"a","algorithm":"magic","rate_per_sec":1}]`, "policies[0].algorithm", `unknown algorithm "magic"`},
 		{"missing algorithm", `[{"id":"a","rate_per_sec":1}]`, "policies[0].algorithm", "required"},
 		{"duplicate id", `[{"id":"a","algorithm":"token_bucket","rate_per_sec":1},{"id":"a","algorithm":"token_bucket","rate_per_sec":2}]`, "policies[1].id", `duplicate id "a" (also policies[0])`},
@@ -200,4 +203,29 @@ func TestGlobMatch(t *testing.T) {
 	for _, c := range cases {
 		assert.Equal(t, c.want, globMatch(c.pattern, c.s), "%q ~ %q", c.pattern, c.s)
 	}
+}
+
+// TestSlidingLogLimitBound: sliding_window_log accepts limits up to
+// MaxSlidingLogLimit and no more, while the other window algorithms keep
+// MaxLimit.
+func TestSlidingLogLimitBound(t *testing.T) {
+	doc := func(algo string, limit int64) string {
+		return fmt.Sprintf(`{"id":"a","algorithm":%q,"limit":%d,"window_s":60}`, algo, limit)
+	}
+	p, err := ParsePolicy([]byte(doc("sliding_window_log", MaxSlidingLogLimit)))
+	require.NoError(t, err)
+	assert.Equal(t, int64(MaxSlidingLogLimit), p.Limit)
+	_, err = ParsePolicy([]byte(doc("sliding_window_log", MaxSlidingLogLimit+1)))
+	var pe *PolicyError
+	require.ErrorAs(t, err, &pe)
+	require.Len(t, pe.Fields, 1)
+	assert.Equal(t, "policy.limit", pe.Fields[0].Path)
+	assert.Contains(t, pe.Fields[0].Msg, "sliding_window_counter")
+	for _, algo := range []string{"sliding_window_counter", "fixed_window"} {
+		_, err := ParsePolicy([]byte(doc(algo, MaxLimit)))
+		require.NoError(t, err, algo)
+	}
+	// A hand-built policy is held to the same bound.
+	hand := &Policy{ID: "h", Algorithm: SlidingWindowLog, Limit: MaxSlidingLogLimit + 1, WindowSec: 1}
+	require.ErrorIs(t, hand.Validate(), ErrInvalidPolicy)
 }

@@ -26,7 +26,7 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 // Redis has forgotten it), deciding with Redis server TIME so gateway clocks
 // do not matter. Keys (see the package documentation):
 //
-//	rl:{<subject>}:<policy>:tb|lb         string: µs at which the bucket is full (empty)
+//	rl:{<subject>}:<policy>:tb|lb         12 bytes: nano-tokens at a ms (algorithm.go)
 //	rl:{<subject>}:<policy>:fw            string "<window start ms>:<count>"
 //	rl:{<subject>}:<policy>:sc            string "<window start ms>:<current>:<previous>"
 //	rl:{<subject>}:<policy>:sl            list: sliding window log, "ms:cost"

@@ -23,6 +23,11 @@ local ceil, floor, call, tonumber = math.ceil, math.floor, redis.call, tonumber
 local now = floor(nowus / 1000)
 local NANO = 1000000000
 local NANO_PER_MILLI = 1000000
+-- Bucket bounds (policy.go: MaxRatePerSec, MaxBurst in milli-units) and
+-- the bucket state's packing (algorithm.go: bucketState): 12 bytes, the
+-- ms (44 bits) then the nano-tokens + 2^51 (52 bits), big-endian.
+local MAXRATE, MAXBURST = 1000000000000, 1000000000
+local P48, P51 = 281474976710656, 2251799813685248
 local n = tonumber(ARGV[2])
 
 -- month(ms): the UTC calendar month containing ms, as start, end (ms).
@@ -69,6 +74,7 @@ end
 local ALGO, ENF, COST, RATE, BURST, LIMIT, WIN, KEY = {}, {}, {}, {}, {}, {}, {}, {}
 local A, B, C, ADMIT, RETRY, DELAY = {}, {}, {}, {}, {}, {}
 local LOG, TRIM, REGION, COUNTS, CAP, ROLLED, WEND = {}, {}, {}, {}, {}, {}, {}
+local DRATE = {} -- buckets: the policy's own rate, for reset at rate 0
 local ki = 1
 local allowed = 1
 
@@ -83,6 +89,7 @@ for i = 1, n do
   local win = tonumber(ARGV[base + 7])
   local key = KEYS[ki]
   ki = ki + 1
+  local drate = rate
   if flags >= 2 and algo ~= 6 then
     local sh = call('HMGET', KEYS[ki], 'r', 'b')
     ki = ki + 1
@@ -94,25 +101,40 @@ for i = 1, n do
   local admit, retry, delay = false, 0, 0
   local a, b, c = 0, 0, 0
   if algo == 1 or algo == 2 then
-    -- advance
+    -- advance (algorithm.go: bucketLimits, bucketTokens)
+    DRATE[i] = drate
+    if drate < 1 then DRATE[i] = 1 end
+    rate, burst = floor(rate), floor(burst)
+    if rate < 0 then rate = 0 elseif rate > MAXRATE then rate = MAXRATE end
+    if burst < 0 then burst = 0 elseif burst > MAXBURST then burst = MAXBURST end
+    local capN = burst * NANO_PER_MILLI
     local v = call('GET', key)
-    a = 0
-    if v then a = tonumber(v) end
-    if nowus > a then a = nowus end
-    local maxdef = floor(burst * NANO_PER_MILLI / rate)
-    if a - nowus > maxdef then a = nowus + maxdef end
+    a = capN
+    if v then
+      if #v == 12 then
+        local h, l = struct.unpack('>I6I6', v)
+        local tms = floor(h / 16)
+        a = (h % 16) * P48 + l - P51 + (nowus - tms * 1000) * rate
+      else
+        -- Written before buckets kept their tokens: the µs when full.
+        local f = tonumber(v)
+        if f < nowus then f = nowus end
+        a = capN - (f - nowus) * rate
+      end
+      if a > capN then a = capN elseif a < 0 then a = 0 end
+    end
     -- decide
     if cost * 1000 > burst then
       retry = -1
     else
-      local capN = burst * NANO_PER_MILLI
-      local def = (a - nowus) * rate
       local costN = cost * NANO
-      admit = def + costN <= capN
+      admit = a >= costN
       if admit then
-        if algo == 2 then delay = ceil((a - nowus) / 1000) end
+        if algo == 2 and rate > 0 then delay = ceil(ceil((capN - a) / rate) / 1000) end
+      elseif rate > 0 then
+        retry = ceil(ceil((costN - a) / rate) / 1000)
       else
-        retry = ceil(ceil((def + costN - capN) / rate) / 1000)
+        retry = -1
       end
     end
   elseif algo == 3 then
@@ -246,11 +268,18 @@ for i = 1, n do
   local write = allowed == 1 and admit and cost > 0
   local remaining, reset, ttl = 0, 0, 1000
   if algo == 1 or algo == 2 then
-    if write then a = a + ceil(cost * NANO / rate) end
-    remaining = floor((burst * NANO_PER_MILLI - (a - nowus) * rate) / NANO)
-    if remaining < 0 then remaining = 0 end
-    reset = ceil((a - nowus) / 1000)
-    if write then call('SET', key, string.format('%d', a), 'PX', reset + 1000) end
+    -- a: nano-tokens now (algorithm.go: consume, report, bucketState)
+    if write then a = a - cost * NANO end
+    remaining = floor(a / NANO)
+    local fill = rate
+    if fill == 0 then fill = DRATE[i] end
+    reset = ceil(ceil((burst * NANO_PER_MILLI - a) / fill) / 1000)
+    if write then
+      local tms = floor(nowus / 1000)
+      local u = a - (nowus - tms * 1000) * rate + P51
+      local hi = floor(u / P48)
+      call('SET', key, struct.pack('>I6I6', tms * 16 + hi, u - hi * P48), 'PX', reset + 1000)
+    end
   elseif algo == 3 then
     if write then b = b + cost end
     local t = now

@@ -308,7 +308,9 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 			st.demand, st.admitted = 0, 0
 			continue
 		}
-		if !st.known {
+		if !st.known || st.synced && !st.record {
+			// No record: the gateways enforce the default of the limit
+			// in force, which moves with the limit (package doc, Policies).
 			st.share, st.known = lim.Default(), true
 		}
 		// Give up now what the epoch's demand shows is not needed, so the
@@ -532,8 +534,8 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			c.remove(key, st)
 			continue
 		}
-		if !st.known {
-			st.share, st.known = lim.Default(), true
+		if !st.known || st.synced && !st.record {
+			st.share, st.known = lim.Default(), true // package doc, Policies
 		}
 		in := c.inputs(key, st, lim, m, false)
 		d.Keys++

@@ -173,6 +173,20 @@
 // above a lowered limit counts as the limit (no slack) and shrinks at the
 // next decision.
 //
+// A key with no share record is enforced at the default of the limit the
+// gateways have, so its claim is the default of the limit in force at
+// every Collect and Decide, not the value it had when the record was
+// deleted: after a raise from L to L' the region claims floor(L'/n), which
+// its gateways enforce as soon as they load the new policy. (Claiming the
+// old default instead let the others grow into slack that the raised
+// default had already taken: found by the end-to-end test of the
+// binaries, Σ 43.3 of a raised 40/s.) A raise keeps the sum within L': the
+// records are unchanged and sum to at most L minus the old defaults of
+// the keys without one. After a lowering, gateways that still have the
+// old policy enforce the old default until they reload it (seconds), the
+// same bound as a record written under the old limit until its region's
+// next decision rewrites it.
+//
 // # Cost
 //
 // BenchmarkStep100k measures one epoch of one region for 100,000 keys of 3

@@ -62,6 +62,9 @@ type cluster struct {
 	// skip is the probability that a region's driver misses a decision
 	// window, so its next Collect decides late (without growth).
 	skip float64
+	// afterCollect, when set, runs in every step between the collections
+	// and the decisions (for example, to change a policy there).
+	afterCollect func(e int64)
 }
 
 func newCluster(t testing.TB, r *rand.Rand, names []string, cfg Config, policies PolicyMap, keys []Key, n net) *cluster {
@@ -189,6 +192,9 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		}
 	}
 	c.check(end)
+	if c.afterCollect != nil {
+		c.afterCollect(e)
+	}
 
 	mid := end.Add(c.cfg.MaxWait / 2)
 	deadline := end.Add(c.cfg.MaxWait)

@@ -130,12 +130,16 @@ func TestKeyUsage(t *testing.T) {
 	require.NotNil(t, g.Regions["eu"].Share)
 	assert.Equal(t, 60.0, g.Regions["eu"].Share.RatePerSec)
 	assert.Equal(t, int64(100), g.Regions["eu"].Limit, "limit is the global value")
-	// 7 admitted under the default share (50/s, burst 50) left a deficit of
-	// at most 140 ms; under the share (60/s, burst 60) that is at most 8.4
-	// tokens, so at least 51 remain (more as time passes), while the
-	// default share could never show more than 50.
-	rem := g.Regions["eu"].Remaining
-	assert.True(t, rem >= 51 && rem <= 60, "remaining %d: want the share's burst minus the deficit", rem)
+	// 7 admitted under the default share (50/s, burst 50) left 43 tokens;
+	// the share (60/s, burst 60) carries them and refills them at 60/s
+	// (the limiter keeps tokens across rate changes), so at least 43
+	// remain, and what remains is the share's burst less what 60/s
+	// refills by the reset (under the default share it would be 50 less
+	// 50/s of it).
+	rem, reset := g.Regions["eu"].Remaining, g.Regions["eu"].ResetAfterMs
+	assert.True(t, rem >= 43 && rem <= 60, "remaining %d: want the 43 tokens left, refilled at the share's rate", rem)
+	missing := 60 - float64(rem) - float64(reset)*60/1000
+	assert.True(t, missing > -0.1 && missing < 1.1, "remaining %d, reset %d ms: want the share's burst and rate", rem, reset)
 
 	// An override raises the daily limit for this key only.
 	r = e.do("POST", "/v1/overrides", adminTok, fmt.Sprintf(`{"subject":"k:abc","policy":"daily","limit":5000,"expires_at":%q}`, e.clock.Now().Add(time.Hour).Format(time.RFC3339)))
