@@ -314,13 +314,14 @@ func checkLatency(metrics string) string {
 // TestGatewayLeakyBucketInFallbackStillShapes: redis-server is killed;
 // the fallback answers and still shapes, at its own rate: 5/s x 2 with a
 // queue of 10 x 2 (OpenFactor 2), so 20 of 25 admitted 100 ms apart.
+// /readyz stays 200 and says the gateway is in fallback.
 func TestGatewayLeakyBucketInFallbackStillShapes(t *testing.T) {
 	srv := redistest.StartServer(t)
 	up := upstream(t)
 	dir := t.TempDir()
 	base, stderr, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(),
 		"--policies", gwFile(t, dir, "p.json", shapePolicies), "--keys", gwFile(t, dir, "k.json", shapeKeys),
-		"--event-sample", "1")
+		"--event-sample", "1", "--warm-interval", "50ms")
 	srv.Kill()
 	// Open the circuit breaker (50% errors over at least 20 calls) with
 	// another key's requests, so that the burst goes straight to the
@@ -349,6 +350,20 @@ func TestGatewayLeakyBucketInFallbackStillShapes(t *testing.T) {
 	}
 	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
 	assertSpaced(t, delays, at, 100*time.Millisecond)
+
+	// A gateway that loses Redis stays ready (the fallback answers) and
+	// says why.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, body := get(t, c, base+"/readyz", nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		if strings.HasPrefix(string(body), "ready in fallback: redis "+srv.Addr()+" not warm") {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "/readyz never said Redis is gone: %s", body)
+		time.Sleep(10 * time.Millisecond) // polling a real server with a deadline
+	}
+	waitMetric(t, base, `quotient_gateway_ready{region="local"} 2`, 10*time.Second)
 }
 
 // TestGatewayReadyzWaitsForRedis: a gateway whose Redis is not up yet
