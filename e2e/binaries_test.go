@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -183,14 +182,9 @@ func TestBinariesGlobalLimits(t *testing.T) {
 		t.Skip("-short: the end-to-end run of the binaries takes about three minutes")
 	}
 	dir := t.TempDir()
-	quotient, devkafka := bin(t, "quotient"), bin(t, "devkafka")
-
-	// The upstream: a plain HTTP service.
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
-	t.Cleanup(up.Close)
-
-	broker := start(t, dir, "devkafka", devkafka, nil, "--listen", "127.0.0.1:0")
-	kafka := broker.waitLog(t, regexp.MustCompile(`(127\.0\.0\.1:\d+)`), 20*time.Second)
+	quotient := bin(t, "quotient")
+	up := upstreamURL(t)
+	kafka := startBroker(t, dir)
 
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
@@ -248,7 +242,7 @@ func TestBinariesGlobalLimits(t *testing.T) {
 	}
 	for _, r := range rs {
 		r.gatewayPr = start(t, dir, "gateway-"+r.name, quotient, nil, "gateway",
-			"--listen", "127.0.0.1:0", "--upstream", up.URL, "--redis", r.redis.Addr(),
+			"--listen", "127.0.0.1:0", "--upstream", up, "--redis", r.redis.Addr(),
 			"--region", r.name, "--regions", strings.Join(regions, ","),
 			"--epoch", epoch.String(), "--usage-flush", usageFlush.String(),
 			"--policy-source", "redis", "--policy-interval", "2s", "--policies", policies, "--keys", keys)

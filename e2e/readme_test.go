@@ -2,10 +2,7 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"math"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -27,15 +24,14 @@ import (
 // 30 requests/s to each gateway for 40 s. One global limiter admits
 // 20 x 40 + 20 = 820.
 func TestBinariesTwoRegionsAsTheReadme(t *testing.T) {
+	t.Parallel() // after the main run, beside the other short deployment
 	if testing.Short() {
 		t.Skip("-short: the end-to-end run of the binaries takes about a minute")
 	}
 	dir := t.TempDir()
-	quotient, devkafka := bin(t, "quotient"), bin(t, "devkafka")
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
-	t.Cleanup(up.Close)
-	broker := start(t, dir, "devkafka", devkafka, nil, "--listen", "127.0.0.1:0")
-	kafka := broker.waitLog(t, regexp.MustCompile(`(127\.0\.0\.1:\d+)`), 20*time.Second)
+	quotient := bin(t, "quotient")
+	up := upstreamURL(t)
+	kafka := startBroker(t, dir)
 	policies := filepath.Join(dir, "policies.json")
 	require.NoError(t, os.WriteFile(policies, []byte(`[{"id":"global-api","algorithm":"token_bucket","rate_per_sec":20,"burst":20,"scope":"global"}]`), 0o600))
 	keys := filepath.Join(dir, "keys.json")
@@ -49,7 +45,7 @@ func TestBinariesTwoRegionsAsTheReadme(t *testing.T) {
 			"--redis", rd.Addr(), "--kafka", kafka, "--listen", caddr, "--policies", policies)
 		waitHTTP(t, "http://"+caddr+"/readyz", 60*time.Second, nil)
 		g := start(t, dir, "gateway-"+name, quotient, nil, "gateway", "--region", name, "--regions", "east,west",
-			"--listen", "127.0.0.1:0", "--upstream", up.URL, "--redis", rd.Addr(), "--policies", policies, "--keys", keys)
+			"--listen", "127.0.0.1:0", "--upstream", up, "--redis", rd.Addr(), "--policies", policies, "--keys", keys)
 		gw[name] = "http://" + g.waitLog(t, regexp.MustCompile(`listening on (\S+)`), 30*time.Second)
 		waitHTTP(t, gw[name]+"/readyz", 30*time.Second, nil) // warm: no request is decided before
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go/sasl"
@@ -217,7 +218,8 @@ func isLoopback(hostport string) bool {
 }
 
 // GlobalLimits returns the shared limits of the global bucket policies
-// among policies, for n regions, and how many global policies were skipped
+// among policies, for n regions (with the cost of each policy's cheapest
+// request, so every share admits one), and how many global policies were skipped
 // because the limiter enforces no share for their algorithm (global fixed
 // windows, which are replicated instead: see newDailyQuota).
 func GlobalLimits(policies []*limiter.Policy, n int) (rebalancer.PolicyMap, int) {
@@ -231,7 +233,23 @@ func GlobalLimits(policies []*limiter.Policy, n int) (rebalancer.PolicyMap, int)
 			skipped++
 			continue
 		}
-		out[p.ID] = shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: n}
+		out[p.ID] = shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: n, MinCostMilli: p.MinCost() * 1000}
 	}
 	return out, skipped
+}
+
+// checkLimits refuses a global policy whose burst cannot give every region
+// one request (shares.Limit.Validate), naming the policy.
+func checkLimits(limits rebalancer.PolicyMap) error {
+	ids := make([]string, 0, len(limits))
+	for id := range limits {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if err := limits[id].Validate(); err != nil {
+			return fmt.Errorf("%w: Policies: global policy %q: %w", ErrConfig, id, err)
+		}
+	}
+	return nil
 }

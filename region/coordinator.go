@@ -81,6 +81,9 @@ func New(cfg Config) (*Coordinator, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	limits, windows := GlobalLimits(cfg.Policies, len(cfg.Regions))
+	if err := checkLimits(limits); err != nil {
+		return nil, err
+	}
 	if !cfg.PolicyLog && len(limits) == 0 && len(dqredis.Policies(cfg.Policies)) == 0 {
 		return nil, fmt.Errorf("%w: Policies: no global token_bucket or leaky_bucket policy to share and no global fixed_window policy to replicate among %d policies", ErrConfig, len(cfg.Policies))
 	}

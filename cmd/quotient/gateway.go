@@ -454,7 +454,10 @@ func (w *policyWatcher) check() {
 	w.log.Error("policy reload failed; keeping the last good policies", "file", w.path, "err", err)
 }
 
-func (w *policyWatcher) run(ctx context.Context, every time.Duration) {
+func (w *policyWatcher) run(ctx context.Context, every time.Duration) { tickEvery(ctx, every, w.check) }
+
+// tickEvery calls fn every interval until ctx ends.
+func tickEvery(ctx context.Context, every time.Duration, fn func()) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -462,7 +465,7 @@ func (w *policyWatcher) run(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			w.check()
+			fn()
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/region"
 )
 
 // The region set of a gateway (which regions share its global policies,
@@ -97,6 +99,9 @@ func (g *gatewayRegions) resolve(ctx context.Context, cfg *gatewayConfig, polici
 		g.known, g.cur = true, *g.flags
 	}
 	if g.known {
+		if err := checkGlobalBursts(policies, len(g.cur.Regions)); err != nil {
+			return fmt.Errorf("--policies: %w", err)
+		}
 		g.log.Info("region set", "region", g.cur.Region, "regions", strings.Join(g.cur.Regions, ","), "source", map[bool]string{true: "coordinator", false: "flags"}[ok])
 		return nil
 	}
@@ -181,16 +186,7 @@ func (g *gatewayRegions) refresh(ctx context.Context) {
 
 // run refreshes every interval until ctx ends.
 func (g *gatewayRegions) run(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.refresh(ctx)
-		}
-	}
+	tickEvery(ctx, every, func() { g.refresh(ctx) })
 }
 
 // guard is the limiter as a policy setter that refuses a set with a
@@ -210,12 +206,31 @@ type guardedSetter struct {
 
 func (s guardedSetter) SetPolicies(ps []*limiter.Policy) error {
 	s.g.mu.Lock()
-	known := s.g.known
+	known, n := s.g.known, len(s.g.cur.Regions)
 	s.g.mu.Unlock()
 	if id := firstGlobal(ps); id != "" && !known {
 		return fmt.Errorf("policy %q is scope global but the gateway knows no region set: pass --regions and --region, or start the region's coordinator", id)
 	}
+	if known {
+		if err := checkGlobalBursts(ps, n); err != nil {
+			return err
+		}
+	}
 	return s.l.SetPolicies(ps)
+}
+
+// checkGlobalBursts refuses a global bucket policy whose burst cannot give
+// each of n regions one request of its cheapest cost (the coordinator
+// refuses it too: some region would admit nothing), naming the policy.
+func checkGlobalBursts(ps []*limiter.Policy, n int) error {
+	limits, _ := region.GlobalLimits(ps, n)
+	ids := slices.Sorted(maps.Keys(limits))
+	for _, id := range ids {
+		if err := limits[id].Validate(); err != nil {
+			return fmt.Errorf("global policy %q over %d regions: %w", id, n, err)
+		}
+	}
+	return nil
 }
 
 // firstGlobal is the id of the first global policy of ps, "" if none.

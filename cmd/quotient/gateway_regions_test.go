@@ -54,6 +54,7 @@ func TestGatewayGlobalPolicyNeedsTheRegionSet(t *testing.T) {
 		args []string
 		msg  string
 	}{
+		{[]string{"--regions", "a,b,c,d,e,f,g,h,i,j,k,l,m", "--region", "a"}, `global policy \"g\" over 13 regions`},
 		{[]string{"--regions", "eu,us"}, "--region is required with --regions"},
 		{[]string{"--regions", "eu,us", "--region", "ap"}, `--region \"ap\" is not one of --regions eu,us`},
 		{[]string{"--regions", "eu,,us", "--region", "eu"}, `--regions: limiter: invalid region set: region name \"\"`},
