@@ -247,6 +247,7 @@ func TestBinariesGlobalLimits(t *testing.T) {
 			"--epoch", epoch.String(), "--usage-flush", usageFlush.String(),
 			"--policy-source", "redis", "--policy-interval", "2s", "--policies", policies, "--keys", keys)
 		r.gateway = "http://" + r.gatewayPr.waitLog(t, regexp.MustCompile(`listening on (\S+)`), 30*time.Second)
+		waitHTTP(t, r.gateway+"/readyz", 30*time.Second, nil) // warm: no request is decided before
 	}
 	// The coordinators stated the region set the gateways enforce.
 	for _, r := range rs {

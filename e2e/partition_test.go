@@ -78,6 +78,7 @@ func TestBinariesRegionCutOff(t *testing.T) {
 	}
 	for _, name := range regions {
 		waitHTTP(t, "http://"+hosts[name].Addr(9090)+"/readyz", 60*time.Second, nil)
+		waitHTTP(t, gw[name]+"/readyz", 30*time.Second, nil) // warm: no request is decided before
 	}
 
 	cut := hosts["ap-south"]

@@ -47,6 +47,7 @@ func TestBinariesTwoRegionsAsTheReadme(t *testing.T) {
 		g := start(t, dir, "gateway-"+name, quotient, nil, "gateway", "--region", name, "--regions", "east,west",
 			"--listen", "127.0.0.1:0", "--upstream", up, "--redis", rd.Addr(), "--policies", policies, "--keys", keys)
 		gw[name] = "http://" + g.waitLog(t, regexp.MustCompile(`listening on (\S+)`), 30*time.Second)
+		waitHTTP(t, gw[name]+"/readyz", 30*time.Second, nil) // warm: no request is decided before
 	}
 	const d = 40 * time.Second
 	out := newOutcome(d)

@@ -77,13 +77,26 @@
 //   - a circuit breaker (BreakerConfig: opens at 50% errors over 10 s with
 //     at least 20 calls, probes again after 5 s);
 //   - fallbacks while the store cannot answer, by each policy's
-//     on_store_failure: open (an in-process golang.org/x/time/rate bucket at
-//     twice the policy's rate and burst per gateway), local (rate and burst
-//     divided by Config.Instances), closed (rejected, FailedClosed set; the
-//     HTTP layer answers 503);
+//     on_store_failure: open (the policy's own algorithm run in process at
+//     twice its rate and burst, or limit, per gateway), local (rate and
+//     burst, or limit, divided by Config.Instances), closed (rejected,
+//     FailedClosed set; the HTTP layer answers 503). Each algorithm keeps
+//     its shape: a leaky bucket still delays what it admits (an in-process
+//     queue at the fallback rate, Decision.Delay), a fixed window counts in
+//     the same UTC windows and calendar months, a sliding window counter
+//     keeps its window; a sliding window log falls back to a sliding window
+//     counter of the same window (bounded memory). In-process state starts
+//     empty when the store fails: what the store had already counted is
+//     not known;
 //   - a local deny cache: a subject the store rejected is rejected in
 //     process until its retry time, with no store call (cost-aware: a
 //     rejection of cost c rejects costs >= c).
+//
+// Before a server built on a RedisStore reports ready it should warm it:
+// (*RedisStore).Warm opens the connections and loads the scripts on every
+// node, and a Warmer keeps them loaded across Redis restarts and
+// failovers (warm.go), so that no decision pays for a dial or a script
+// load and misses its deadline.
 //
 // Decision.Source says which path answered. Check never returns a store
 // error (the fallback answers); CheckSubjectAt is the raw path without any

@@ -4,32 +4,49 @@ import (
 	"math"
 	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // fallback holds the in-process limiters that answer while the store
-// cannot (seed design 7.6), one golang.org/x/time/rate token bucket per
-// (policy, subject), sized by the policy's failure mode:
+// cannot (seed design 7.6), one per (policy, subject). Each runs the
+// policy's own algorithm (algorithm.go, the MemoryStore's code) in process
+// at the limiter's clock, with the policy's parameters scaled by its
+// failure mode:
 //
-//   - open:  rate x OpenFactor and burst x OpenFactor (default 2), per
-//     gateway instance;
-//   - local: rate / Instances and burst / Instances (at least one token);
+//   - open:  rate and burst (buckets) or limit (windows) x OpenFactor
+//     (default 2), per gateway instance;
+//   - local: rate and burst, or limit, / Instances (at least one token,
+//     at least one unit);
 //   - closed: no limiter; the policy rejects.
 //
-// Window policies use the equivalent bucket: rate limit/window_s per
-// second (limit per 31 days for calendar months) and burst limit (what the
-// window admits at once). Leaky buckets
-// fall back to a token bucket of the same rate and burst: no shaping delay
-// while the store is down. Global bucket policies use the region's default
-// share (rate and burst / Regions).
+// So each algorithm keeps its shape while the store is down:
+//
+//   - token_bucket: a bucket of the scaled rate and burst;
+//   - leaky_bucket: a queue of the scaled burst drained at the scaled
+//     rate; an admitted request carries the delay of the work queued
+//     ahead of it in this process (Decision.Delay), so traffic is still
+//     shaped, at the fallback rate;
+//   - fixed_window: the same UTC-aligned windows (days, calendar
+//     months), counting at most the scaled limit per window;
+//   - sliding_window_counter: the same weighted estimate over the same
+//     window, at the scaled limit;
+//   - sliding_window_log: a sliding window counter of the same window
+//     and scaled limit (the log's memory is O(limit) per key, which a
+//     fallback bounded by key count cannot afford; the counter's estimate
+//     is the log's to within the previous window's spread).
+//
+// A limiter starts empty (full bucket, empty queue, zero counts) when the
+// store first fails for its key: what the store had already counted in the
+// current window is not known in process. Global bucket policies use the
+// region's default share (rate and burst / Regions); global windows count
+// this instance's admissions against the scaled limit.
 //
 // A request is all or nothing across all its subjects here as in the
 // store (see decide).
 //
-// Memory is bounded by maxKeys limiters; when full, limiters that are full
-// again (idle) are dropped first, then arbitrary ones: a dropped limiter
-// starts full, which costs at most one extra burst for that subject.
+// Memory is bounded by maxKeys limiters; when full, limiters whose state
+// has expired (full again, or past their window) are dropped first, then
+// arbitrary ones: a dropped limiter starts empty again, which costs at
+// most one extra burst (or window limit) for that subject.
 type fallback struct {
 	maxKeys    int
 	openFactor float64
@@ -40,39 +57,60 @@ type fallback struct {
 	lims map[denyKey]*fallbackLimiter
 }
 
+// fallbackLimiter is one (policy, subject)'s in-process state: the
+// algorithm's op with the fallback's parameters, and its state (nil until
+// the first admission, or once expired).
 type fallbackLimiter struct {
-	policy *Policy
-	lim    *rate.Limiter
-	burst  int
+	policy   *Policy
+	op       op
+	st       *state
+	expireMs int64 // when st expires (ms)
+	lastUs   int64 // the latest time decided at (µs)
 }
 
 func newFallback(maxKeys int, openFactor float64, instances, regions int) *fallback {
 	return &fallback{maxKeys: maxKeys, openFactor: openFactor, instances: float64(instances), regions: float64(regions), lims: make(map[denyKey]*fallbackLimiter)}
 }
 
-// params is the fallback rate (tokens per second) and burst (tokens) of p.
+// params is the fallback rate (tokens per second) and burst (tokens) of
+// bucket policy p.
 func (f *fallback) params(p *Policy) (float64, int) {
-	var r, b float64
-	if p.Algorithm.isBucket() {
-		r, b = float64(p.rateMilli)/1000, float64(p.burstMilli)/1000
-		if p.Scope == ScopeGlobal && f.regions > 1 {
-			r, b = r/f.regions, b/f.regions
-		}
-	} else {
-		// Calendar months count as 31 days (NominalWindowSec): the rate
-		// is never overstated.
-		r, b = float64(p.Limit)/float64(p.NominalWindowSec()), float64(p.Limit)
+	r, b := float64(p.rateMilli)/1000, float64(p.burstMilli)/1000
+	if p.Scope == ScopeGlobal && f.regions > 1 {
+		r, b = r/f.regions, b/f.regions
 	}
-	switch p.OnStoreFailure {
-	case FailLocal:
-		r, b = r/f.instances, b/f.instances
-	default:
-		r, b = r*f.openFactor, b*f.openFactor
-	}
+	r, b = f.scale(p, r), f.scale(p, b)
 	return r, max(1, int(math.Floor(b)))
 }
 
-// get returns the limiter of (p, subject), creating it full.
+// scale applies p's failure mode to one parameter.
+func (f *fallback) scale(p *Policy, v float64) float64 {
+	if p.OnStoreFailure == FailLocal {
+		return v / f.instances
+	}
+	return v * f.openFactor
+}
+
+// fallbackOp is the op the fallback runs for p: p's algorithm (a sliding
+// window counter for a sliding window log) with scaled parameters, never
+// global (no share, no replicated counts: nothing but this process).
+func (f *fallback) fallbackOp(p *Policy) op {
+	o := op{algo: p.Algorithm, policy: p.ID, enforce: p.Mode == Enforce}
+	if p.Algorithm.isBucket() {
+		r, b := f.params(p)
+		o.rate = max(1, int64(math.Round(r*1000)))
+		o.burst = int64(b) * 1000
+		return o
+	}
+	if o.algo == SlidingWindowLog {
+		o.algo = SlidingWindowCounter
+	}
+	o.limit = max(1, int64(math.Floor(f.scale(p, float64(p.Limit)))))
+	o.windowMs = p.WindowSec * 1000
+	return o
+}
+
+// get returns the limiter of (p, subject), creating it empty.
 func (f *fallback) get(k denyKey, p *Policy, now time.Time) *fallbackLimiter {
 	fl := f.lims[k]
 	if fl != nil && fl.policy == p {
@@ -81,17 +119,17 @@ func (f *fallback) get(k denyKey, p *Policy, now time.Time) *fallbackLimiter {
 	if fl == nil && len(f.lims) >= f.maxKeys {
 		f.evict(now)
 	}
-	r, b := f.params(p)
-	fl = &fallbackLimiter{policy: p, lim: rate.NewLimiter(rate.Limit(r), b), burst: b}
+	fl = &fallbackLimiter{policy: p, op: f.fallbackOp(p)}
 	f.lims[k] = fl
 	return fl
 }
 
 func (f *fallback) evict(now time.Time) {
+	nowMs := now.UnixMilli()
 	dropped := 0
 	scanned := 0
 	for k, fl := range f.lims {
-		if fl.lim.TokensAt(now) >= float64(fl.burst) {
+		if fl.st == nil || fl.expireMs <= nowMs {
 			delete(f.lims, k)
 			dropped++
 		}
@@ -113,19 +151,23 @@ func (f *fallback) evict(now time.Time) {
 // like the store, across the subjects too: if an enforced policy of any
 // subject rejects, no limiter of any subject is consumed. One mutex guards
 // every limiter, so the check and the consumption are one step.
-// closedRetry is the Retry-After of a fail-closed rejection.
+// closedRetry is the Retry-After of a fail-closed rejection. Admitted
+// leaky-bucket policies carry their shaping delay in out[i].Delay.
 func (f *fallback) decide(now time.Time, subjects []Subject, policies []*Policy, costs []int64, closedRetry time.Duration, out []PolicyDecision) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	nowUs := now.UnixMicro()
+	nowMs := nowUs / 1000
 	var limBuf [16]*fallbackLimiter
-	lims := limBuf[:0]
+	var advBuf [16]state
+	var resBuf [16]result
+	lims, adv, res := limBuf[:0], advBuf[:0], resBuf[:0]
 	allowed := true
 	for i, p := range policies {
-		cost := costs[i]
 		subj := subjects[i]
-		pd := PolicyDecision{Policy: p, Subject: subj, Cost: cost, Limit: p.capacity(), Source: SourceFallback}
+		pd := PolicyDecision{Policy: p, Subject: subj, Cost: costs[i], Limit: p.capacity(), Source: SourceFallback}
 		if p.OnStoreFailure == FailClosed {
-			lims = append(lims, nil)
+			lims, adv, res = append(lims, nil), append(adv, state{}), append(res, result{})
 			pd.FailedClosed = true
 			pd.RetryAfter = closedRetry
 			pd.ResetAfter = closedRetry
@@ -136,40 +178,59 @@ func (f *fallback) decide(now time.Time, subjects []Subject, policies []*Policy,
 			continue
 		}
 		fl := f.get(denyKey{policy: p.ID, kind: subj.Kind, value: subj.Value}, p, now)
-		lims = append(lims, fl)
-		tokens := fl.lim.TokensAt(now)
-		pd.Allowed = float64(cost) <= tokens
-		pd.Remaining = int64(math.Floor(max(0, tokens)))
-		lr := float64(fl.lim.Limit())
-		if !pd.Allowed {
-			if cost > int64(fl.burst) {
-				pd.Never = true
-			}
-			pd.RetryAfter = secondsDur((float64(cost) - tokens) / lr)
-			if p.Mode == Enforce {
-				allowed = false
-			}
+		o := fl.op
+		o.cost = costs[i]
+		cur := fl.st
+		if cur != nil && fl.expireMs <= nowMs {
+			cur = nil
 		}
-		pd.ResetAfter = secondsDur((float64(fl.burst) - tokens) / lr)
-		if pd.Never {
-			pd.RetryAfter = pd.ResetAfter
+		// A limiter's time never goes back: a request that reaches the
+		// fallback after a later one (its store call took longer) is
+		// decided at the later time, as Redis decides at the time the
+		// call runs, not at the time it was sent.
+		fl.lastUs = max(fl.lastUs, nowUs)
+		s := advance(&o, cur, fl.lastUs, o.rate, o.burst)
+		admit, r := decide(&o, &s, fl.lastUs, o.rate, o.burst)
+		r.allowed = admit
+		if !admit && p.Mode == Enforce {
+			allowed = false
 		}
+		lims, adv, res = append(lims, fl), append(adv, s), append(res, r)
 		out[i] = pd
 	}
-	if !allowed {
-		return false
-	}
 	for i, fl := range lims {
-		pd := &out[i]
-		if fl == nil || !pd.Allowed || pd.Cost == 0 {
+		if fl == nil {
 			continue
 		}
-		fl.lim.AllowN(now, int(pd.Cost))
-		tokens := fl.lim.TokensAt(now)
-		pd.Remaining = int64(math.Floor(max(0, tokens)))
-		pd.ResetAfter = secondsDur((float64(fl.burst) - tokens) / float64(fl.lim.Limit()))
+		o := fl.op
+		o.cost = costs[i]
+		r := &res[i]
+		final := adv[i]
+		at := fl.lastUs
+		if allowed && r.allowed && o.cost > 0 {
+			final = consume(&o, final, at, o.rate)
+			ttl := report(&o, &final, at, o.rate, o.burst, r)
+			fl.st, fl.expireMs = &final, at/1000+ttl
+		} else {
+			report(&o, &final, at, o.rate, o.burst, r)
+		}
+		pd := &out[i]
+		pd.Allowed = r.allowed
+		pd.Remaining = r.remaining
+		pd.ResetAfter = time.Duration(r.resetMs) * time.Millisecond
+		switch {
+		case r.allowed:
+		case r.retryMs < 0:
+			pd.Never = true
+			pd.RetryAfter = pd.ResetAfter
+		default:
+			pd.RetryAfter = time.Duration(r.retryMs) * time.Millisecond
+		}
+		if allowed && r.allowed {
+			pd.Delay = time.Duration(r.delayMs) * time.Millisecond
+		}
 	}
-	return true
+	return allowed
 }
 
 // setRegions changes the region count of global policies' fallbacks and
@@ -193,13 +254,15 @@ func (f *fallback) len() int {
 	return len(f.lims)
 }
 
-// secondsDur converts seconds to a duration rounded up to the millisecond.
-func secondsDur(s float64) time.Duration {
-	if s <= 0 || math.IsNaN(s) {
-		return 0
+// foldDelay raises d.Delay to the largest delay of the enforced policies
+// in pds (the fallback's leaky buckets), as record does for the store's.
+func foldDelay(d *Decision, pds []PolicyDecision) {
+	for i := range pds {
+		if pds[i].Policy.Mode == Enforce && pds[i].Delay > d.Delay {
+			d.Delay = pds[i].Delay
+		}
 	}
-	if s > 1e9 {
-		s = 1e9
+	if !d.Allowed {
+		d.Delay = 0
 	}
-	return ceilMs(time.Duration(math.Ceil(s * 1e9)))
 }

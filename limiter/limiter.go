@@ -692,6 +692,7 @@ func (l *Limiter) CheckSubjectsFallbackAt(now time.Time, subjects []SubjectPolic
 	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(pols))}
 	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
 	d.Allowed = l.fb.decide(now, subjs, pols, costs, closedRetry, d.Policies)
+	foldDelay(&d, d.Policies)
 	return d, nil
 }
 
@@ -715,6 +716,7 @@ func (l *Limiter) CheckSubjectFallbackAt(now time.Time, subject Subject, policie
 	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(policies))}
 	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
 	d.Allowed = l.fb.decide(now, subjs, policies, costs, closedRetry, d.Policies)
+	foldDelay(&d, d.Policies)
 	return d, nil
 }
 
@@ -863,6 +865,7 @@ func (l *Limiter) fallbackAll(now time.Time, pols []*Policy, subjs []Subject, re
 	if !allowed {
 		d.Allowed = false
 	}
+	foldDelay(d, d.Policies[base:])
 	d.Source = worse(d.Source, SourceFallback)
 	if !req.Peek {
 		for i, p := range pols {

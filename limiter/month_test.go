@@ -218,18 +218,19 @@ func TestMonthWindowReplicated(t *testing.T) {
 }
 
 // TestMonthWindowFallback: while the store is down, a monthly window falls
-// back to the bucket of limit per 31 days (never a faster rate) and burst
-// limit, scaled by the failure mode like any window.
+// back to the same UTC calendar month (fallback.go: windows keep their
+// windows), at the limit scaled by the failure mode like any window.
 func TestMonthWindowFallback(t *testing.T) {
 	p := mustPolicy(t, `{"id":"m","algorithm":"fixed_window","limit":2678400,"window":"month"}`)
 	f := newFallback(10, 2, 4, 1)
-	r, b := f.params(p)
-	assert.InDelta(t, 2.0, r, 1e-12, "2 x 2678400 per 31 days")
-	assert.Equal(t, 2*2678400, b)
+	o := f.fallbackOp(p)
+	assert.Equal(t, FixedWindow, o.algo)
+	assert.True(t, o.monthly(), "calendar months, not 31-day windows")
+	assert.Equal(t, int64(2*2678400), o.limit, "limit x 2")
 	local := mustPolicy(t, `{"id":"m","algorithm":"fixed_window","limit":2678400,"window":"month","on_store_failure":"local"}`)
-	r, b = f.params(local)
-	assert.InDelta(t, 0.25, r, 1e-12, "per 31 days, over 4 instances")
-	assert.Equal(t, 2678400/4, b)
+	o = f.fallbackOp(local)
+	assert.True(t, o.monthly())
+	assert.Equal(t, int64(2678400/4), o.limit, "over 4 instances")
 }
 
 // BenchmarkFixedWindowKinds compares a decision of a fixed window over a

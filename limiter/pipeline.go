@@ -109,6 +109,7 @@ type pipeliner struct {
 	inFlight atomic.Int64
 	// shed counts calls refused because the queue was full.
 	shed atomic.Int64
+	cold *coldSignal // set before the first decision (warm.go)
 }
 
 func newPipeliner(client redis.UniversalClient, cfg PipelineConfig) *pipeliner {
@@ -207,6 +208,7 @@ func (p *pipeliner) send(batch []*pending) {
 		}
 	}
 	if len(retry) > 0 {
+		p.cold.notify()
 		pipe := p.client.Pipeline()
 		for _, i := range retry {
 			cmds[i] = batch[i].script.Eval(ctx, pipe, batch[i].keys, batch[i].args...)

@@ -62,6 +62,8 @@ type RedisStore struct {
 	// assumeOneNode (tests only) sends every request in one call, as a
 	// stale slot map would.
 	assumeOneNode bool
+	// cold tells a Warmer that a decision found a script missing (warm.go).
+	cold coldSignal
 }
 
 // NewPipelinedRedisStore is NewRedisStore with automatic pipelining: the
@@ -78,6 +80,7 @@ func NewPipelinedRedisStore(client redis.UniversalClient, cfg PipelineConfig) (*
 	}
 	s := NewRedisStore(client)
 	s.pipe = newPipeliner(client, cfg)
+	s.pipe.cold = &s.cold
 	s.boundedByContext = true
 	return s, nil
 }
@@ -276,7 +279,7 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 			v, err = cmd.Int64Slice()
 		}
 	} else {
-		v, err = evalScript.Run(ctx, s.client, keys, args...).Int64Slice()
+		v, err = s.runScript(ctx, keys, args)
 	}
 	if err != nil {
 		return false, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)

@@ -41,7 +41,9 @@ reloaded when it changes (the last good version stays on bad input). With
 snapshot the region's coordinators materialise from the policy log (reloaded
 on notification and every --policy-interval); --policies is then optional,
 the set in force until the first snapshot.
-/metrics serves Prometheus metrics. Every flag can also be set with
+/metrics serves Prometheus metrics; /readyz answers 503 until the Redis
+connections and scripts are warm on every node (or --warm-timeout passes:
+ready in fallback), /healthz 200 while the process runs. Every flag can also be set with
 QUOTIENT_<FLAG> (--redis is QUOTIENT_REDIS).
 
 flags:`
@@ -56,6 +58,7 @@ type gatewayConfig struct {
 	eventSample                                                             float64
 	redisSec                                                                redisSecurity // TLS and AUTH to Redis (transport.go)
 	redisCluster                                                            bool          // --redis is one cluster configuration endpoint
+	warm                                                                    warmFlags     // warm start and readiness (gateway_ready.go)
 }
 
 func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
@@ -89,7 +92,11 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 	c.redisSec.register(fs)
 	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "--redis is a single Redis Cluster configuration endpoint (ElastiCache cluster mode, as deploy/terraform creates)")
 	fs.IntVar(&c.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
+	addWarmFlags(fs, &c.warm)
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
+		return nil, err
+	}
+	if err := c.warm.validate(); err != nil {
 		return nil, err
 	}
 	switch {
@@ -197,6 +204,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	regionReg := prometheus.WrapRegistererWith(prometheus.Labels{"region": cfg.region}, reg)
 	regionReg.MustRegister(regions.mismatch)
 	lcfg := limiter.DefaultConfig()
+	var rs *limiter.RedisStore
 	if cfg.pipeline > 0 {
 		pcfg := limiter.DefaultPipelineConfig()
 		pcfg.Workers = cfg.pipeline
@@ -205,10 +213,11 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 			return err
 		}
 		defer store.Close()
-		lcfg.Store = store
+		rs = store
 	} else {
-		lcfg.Store = limiter.NewRedisStore(client)
+		rs = limiter.NewRedisStore(client)
 	}
+	lcfg.Store = rs
 	lcfg.Region = cfg.region
 	lcfg.Deadline = cfg.timeout
 	lcfg.Instances = cfg.instances
@@ -250,6 +259,11 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 		hook.r.Store(reloader)
 	}
 
+	ready, err := newGatewayReadiness(rs, reloader, cfg.warm, log, regionReg)
+	if err != nil {
+		return err
+	}
+
 	flusher := limiter.NewUsageFlusher(l, limiter.NewRedisUsageSink(client, cfg.usageShards, cfg.epoch, 3), limiter.UsageFlusherConfig{Interval: cfg.usageFlush, Logger: log})
 	flusher.Start()
 	defer flusher.Stop()
@@ -270,7 +284,9 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	)
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
-	mux.Handle("/", mw(proxy))
+	mux.Handle("/", ready.gate(mw(proxy)))
+	mux.HandleFunc("/readyz", ready.readyz)
+	mux.HandleFunc("/healthz", healthz)
 	servers := []*http.Server{}
 	var metricsLn net.Listener
 	if cfg.metricsListen == "" {
@@ -310,6 +326,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
+	go ready.run(watchCtx)
 	go regions.run(watchCtx, regionSetInterval)
 	if watcher != nil {
 		go watcher.run(watchCtx, cfg.reload)

@@ -45,9 +45,19 @@ func (b *syncBuffer) String() string {
 
 var listeningRe = regexp.MustCompile(`listening on (\S+)`)
 
-// startGateway runs `quotient gateway args...` in process and returns its
-// base URL, its stderr, and a stop function that waits for exit status 0.
+// startGateway runs `quotient gateway args...` in process, waits until
+// its /readyz answers 200 and returns its base URL, its stderr, and a stop
+// function that waits for exit status 0.
 func startGateway(t *testing.T, args ...string) (string, *syncBuffer, func()) {
+	t.Helper()
+	base, stderr, stop := launchGateway(t, args...)
+	waitReady(t, base, stderr, 20*time.Second)
+	return base, stderr, stop
+}
+
+// launchGateway runs `quotient gateway args...` in process and returns as
+// soon as it listens (before it is ready).
+func launchGateway(t *testing.T, args ...string) (string, *syncBuffer, func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stdout, stderr := &syncBuffer{}, &syncBuffer{}
