@@ -154,7 +154,7 @@ func New(cfg Config) (*Coordinator, error) {
 		if err != nil {
 			return fail(err)
 		}
-		srv, err := admin.NewServer(admin.Config{Catalog: c.catalog, Log: c.plog, Tokens: cfg.AdminTokens, Usage: usage, Logger: log})
+		srv, err := admin.NewServer(admin.Config{Catalog: c.catalog, Log: c.plog, Tokens: cfg.AdminTokens, Usage: usage, Logger: log, Changed: c.policyChanged})
 		if err != nil {
 			return fail(err)
 		}

@@ -105,6 +105,11 @@ type Config struct {
 	MaxBodyBytes int64
 	// WriteTimeout bounds one Append. Default 10 s.
 	WriteTimeout time.Duration
+	// Changed, when set, is called after a write changed the Catalog (the
+	// Server applies its own records at once, so a follower of the log
+	// that sees them later finds nothing new and does not report a
+	// change). It must not block. Default: none.
+	Changed func()
 }
 
 // Server is the admin HTTP API. It is an http.Handler, safe for concurrent
@@ -351,9 +356,13 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request, rec Record) bool
 		writeProblem(w, r, http.StatusServiceUnavailable, "the policy log did not acknowledge the write; read the resource again before retrying", nil)
 		return false
 	}
-	if _, err := s.cfg.Catalog.Apply(rec); err != nil {
+	changed, err := s.cfg.Catalog.Apply(rec)
+	if err != nil {
 		// Prepare produced it, so this is a bug; the log holds it anyway.
 		s.cfg.Logger.Error("admin: own record refused", "err", err)
+	}
+	if changed && s.cfg.Changed != nil {
+		s.cfg.Changed()
 	}
 	s.cfg.Logger.Info("admin: write", "kind", rec.Kind, "id", rec.ID, "version", rec.Version, "author", rec.Author, "deleted", rec.Deleted)
 	return true
