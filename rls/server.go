@@ -74,10 +74,18 @@ func NewServer(c ServerConfig) (*Server, error) {
 }
 
 // SetConfig replaces the configuration; requests in flight finish with
-// the one they started with.
+// the one they started with. It clears the limiter's deny cache and
+// fallback limiters (through SetPolicies of the limiter's own, unchanged
+// set), so that a raised limit admits at once a descriptor that the old
+// limit had rejected until the end of its window.
 func (s *Server) SetConfig(c *Config) {
-	if c != nil {
-		s.cfg.Store(c)
+	if c == nil {
+		return
+	}
+	s.cfg.Store(c)
+	if err := s.l.SetPolicies(s.l.Policies()); err != nil {
+		// The limiter's own set was validated when it was set.
+		panic("rls: the limiter rejected its own policy set: " + err.Error())
 	}
 }
 
