@@ -12,7 +12,7 @@ FUZZTIME ?= 5s
 BENCHTIME ?= 2s
 PKGS := ./...
 
-.PHONY: all build test test-unit fuzz lint bench simulate proto deps tools clean
+.PHONY: all build test test-unit e2e fuzz lint bench simulate proto deps tools clean
 
 all: build
 
@@ -26,12 +26,21 @@ deps:
 test: deps
 	./scripts/terraform-check.sh install
 	$(GO) build $(PKGS)
-	$(GO) test -race -count=1 -timeout 45m $(PKGS)
+	$(GO) test -race -count=1 -timeout 45m $$($(GO) list $(PKGS) | grep -v /e2e$$)
+	# The shipped binaries end to end (three regions on loopback), alone so
+	# that the processes keep the deployment's timing; the test process
+	# itself only paces clients, so the race detector adds nothing there.
+	$(MAKE) e2e
 	# The live simulator against virtual time once more, alone and without the
 	# race detector's slowdown, so that it keeps its real-time schedule and the
 	# 5-point comparison runs (under -race on a busy machine it may skip it).
 	set -o pipefail; $(GO) test -count=1 -timeout 10m -run 'TestLiveMatchesVirtual' -v ./simulations/live/ | grep -E '^(=== RUN|--- |\s+live_test.go|ok|FAIL|PASS)'
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
+
+## e2e: the shipped binaries end to end: three regions of redis-server,
+## quotient coordinator and quotient gateway, devkafka, paced clients
+e2e: deps
+	./scripts/e2e.sh
 
 ## lint: gofmt, go vet and staticcheck must be clean
 lint:

@@ -172,6 +172,15 @@ func (f *fallback) decide(now time.Time, subjects []Subject, policies []*Policy,
 	return true
 }
 
+// setRegions changes the region count of global policies' fallbacks and
+// drops every fallback limiter, so that none keeps the old share.
+func (f *fallback) setRegions(n int) {
+	f.mu.Lock()
+	f.regions = float64(n)
+	clear(f.lims)
+	f.mu.Unlock()
+}
+
 func (f *fallback) clear() {
 	f.mu.Lock()
 	clear(f.lims)

@@ -204,10 +204,11 @@ func (c *Config) Validate() error {
 // concurrent use; the policy set can be swapped at any time with
 // SetPolicies and every Check sees one whole set.
 type Limiter struct {
-	store   Store
-	clock   Clock
-	regions int64
-	region  string
+	store Store
+	clock Clock
+	// rset is the region set in force (Config.Regions and Config.Region,
+	// or what SetRegions made them).
+	rset atomic.Pointer[regionState]
 	// overrides is Config.Overrides (nil: none).
 	overrides Overrides
 	policies  atomic.Pointer[[]*Policy]
@@ -239,8 +240,6 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 	l := &Limiter{
 		store:     cfg.Store,
 		clock:     cfg.Clock,
-		regions:   int64(cfg.Regions),
-		region:    cfg.Region,
 		overrides: cfg.Overrides,
 		remote:    !inMemory,
 		deadline:  cfg.Deadline,
@@ -255,6 +254,7 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 		return nil, fmt.Errorf("limiter: config: Metrics: %w", err)
 	}
 	l.metrics = m
+	l.rset.Store(&regionState{n: int64(cfg.Regions), name: cfg.Region})
 	if l.breaker, err = NewBreaker(cfg.Breaker); err != nil {
 		return nil, err
 	}
@@ -1036,11 +1036,12 @@ func (l *Limiter) opFor(p *Policy, cost int64) op {
 		limit:    p.Limit,
 		windowMs: p.WindowSec * 1000,
 		policy:   p.ID,
-		region:   l.region,
 	}
-	if o.global && o.algo.isBucket() && l.regions > 1 {
-		o.rate = max(1, o.rate/l.regions)
-		o.burst = max(1, o.burst/l.regions)
+	rs := l.rset.Load()
+	o.region = rs.name
+	if o.global && o.algo.isBucket() && rs.n > 1 {
+		o.rate = max(1, o.rate/rs.n)
+		o.burst = max(1, o.burst/rs.n)
 	}
 	return o
 }

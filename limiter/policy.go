@@ -820,6 +820,21 @@ func (p *Policy) Matches(tier, method, path string) bool {
 	return false
 }
 
+// MinCost is the cost of p's cheapest request that consumes, in cost
+// units: the smallest positive cost of its cost table, or 1 for the
+// requests the table does not list (which always exist, since the table
+// cannot list every route). The coordinator gives every region a share of
+// a global policy that admits at least one such request.
+func (p *Policy) MinCost() int64 {
+	c := int64(1)
+	for _, v := range p.Cost {
+		if v > 0 && v < c {
+			c = v
+		}
+	}
+	return c
+}
+
 // CostOf is the cost of a request with this method and path under the
 // policy's cost table: the first matching entry, else 1.
 func (p *Policy) CostOf(method, path string) int64 {

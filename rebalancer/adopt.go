@@ -70,14 +70,14 @@ func (c *Core) Adopt(now time.Time, records []ShareRecord) ([]Update, error) {
 	e := EpochOf(now, c.cfg.Epoch)
 	var ups []Update
 	for _, r := range records {
-		lim, ok := c.limit(r.PolicyID)
+		lim, ok := c.keyLimit(r.Key, now)
 		if !ok {
 			continue
 		}
 		st := c.newKey(e)
 		c.add(Key{PolicyID: c.lcID, Subject: r.Subject}, st)
 		short := lim.AboveDefault(r.Share)
-		st.share, st.known, st.synced, st.record, st.short = r.Share, true, true, true, short
+		st.share, st.claim, st.known, st.synced, st.record, st.short = r.Share, r.Share, true, true, true, short
 		// writtenAt as the record's expiry says (record's rule), so it is
 		// refreshed when a record written then would be; no expiry: at once.
 		switch {

@@ -70,6 +70,16 @@ type Config struct {
 	Shares shares.Config
 }
 
+// DefaultCollectDelay is the collect delay a Driver uses when
+// DriverConfig.CollectDelay is zero: the smaller of 1 s (the gateways'
+// default usage flush interval, so their last flush of the epoch lands
+// first) and maxWait/2 (so the report still goes out well within the wait
+// for laggards). The simulator uses it too, so virtual time collects when
+// production does.
+func DefaultCollectDelay(maxWait time.Duration) time.Duration {
+	return min(time.Second, maxWait/2)
+}
+
 // DefaultConfig returns the defaults; Region and Regions are empty.
 func DefaultConfig() Config {
 	return Config{

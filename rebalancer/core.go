@@ -24,7 +24,8 @@ import (
 type Core struct {
 	cfg      Config
 	policies Policies
-	regions  []string // sorted
+	subjects SubjectPolicies // policies, when it has per-subject limits; else nil
+	regions  []string        // sorted
 	index    map[string]int
 	self     int
 	epochMs  int64
@@ -36,6 +37,7 @@ type Core struct {
 	ownReport  bool  // a report was published for epoch published
 	decided    int64 // last epoch decided (valid when started)
 	fallback   bool  // the last decision was in fallback
+	again      bool  // epoch decided was held for an incomplete view: it may be decided again with growth (see Due)
 	adopted    bool  // Adopt took the store's records: no warm-up
 
 	keys   map[Key]*keyState
@@ -61,7 +63,8 @@ type Core struct {
 type keyState struct {
 	demand, admitted int64        // this epoch's usage so far
 	smoothed         int64        // smoothed demand, milli cost units per second
-	share            shares.Share // enforced now (the claim); valid when known
+	share            shares.Share // enforced now; valid when known
+	claim            shares.Share // the claim of the last report (share when it was published); valid when known
 	known            bool         // share has been set (else it is the default)
 	want             shares.Share // want published in the pending report
 	synced           bool         // this Core wrote (or knows) the record
@@ -111,15 +114,18 @@ type Stats struct {
 	Duplicates     int64 // duplicate reports ignored
 	Conflicts      int64 // conflicting reports ignored
 	Stale          int64 // stale reports ignored
+	Future         int64 // reports rejected by ReceiveAt: epoch beyond what clock skew allows
 	UnknownPolicy  int64 // key-epochs skipped: policy unknown
 	InvalidPolicy  int64 // key-epochs skipped: limit invalid or regions count != len(Regions)
 	InvalidShare   int64 // key-epochs whose share computation failed (share kept)
 	Decisions      int64 // decisions made
+	AgainDecisions int64 // second decisions of an epoch, with growth, after a hold (see Core.Due)
 	LateDecisions  int64 // decisions forced by Collect (no growth)
 	GrowDecisions  int64 // decisions in mode Grow
 	FallbackEpochs int64 // decisions in mode Fallback
 	Updates        int64 // updates returned (by Decide, Collect and late decisions)
 	Kept           int64 // key-epochs whose share shrank at collection (shares.Config.Keep)
+	UnknownUsage   int64 // epochs collected with unknown usage (CollectUnknown): demand and claims held
 }
 
 // Published is what Collect returns.
@@ -149,6 +155,11 @@ type Decision struct {
 	Complete bool        // a report of the epoch from every region not silent
 	Silent   []string    // regions assumed at the safe share
 	Keys     int         // keys computed
+	// Again: the epoch was decided before without growth because its view
+	// was incomplete at the deadline (Config.MaxWait); the missing reports
+	// arrived while the epoch after it still runs, so it is decided again,
+	// from the same published claims (see Core.Due).
+	Again bool
 	// Updates are the share records to write: keys whose share changed,
 	// records due for a refresh, and keys this Core writes for the first
 	// time. The caller owns the slice.
@@ -184,6 +195,7 @@ func New(cfg Config, policies Policies) (*Core, error) {
 		c.remote[i] = remote{reports: make(map[int64]*stored), heardSelf: -1}
 	}
 	c.self = c.index[cfg.Region]
+	c.subjects, _ = policies.(SubjectPolicies)
 	return c, nil
 }
 
@@ -220,10 +232,17 @@ func (c *Core) Deadline() time.Time {
 
 // Due reports whether the pending epoch should be decided now: its view is
 // complete (a report from every region that is not silent) or the wait for
-// laggards is over.
+// laggards is over. It is also true when the last decision held (no
+// growth) only because the view was incomplete at the deadline, and the
+// view of that epoch is now complete while the epoch after it still runs
+// (now is in it, and it is not collected yet): Decide then decides the
+// epoch again, with growth from the claims every region published for it
+// (Decision.Again). So reports later than MaxWait delay growth by their
+// lateness instead of freezing it; see the package doc for why this is
+// safe.
 func (c *Core) Due(now time.Time) bool {
 	if !c.pending {
-		return false
+		return c.dueAgain(now)
 	}
 	if !now.Before(c.Deadline()) {
 		return true
@@ -241,6 +260,22 @@ func (c *Core) Due(now time.Time) bool {
 // ErrUsage naming the entry and field when an entry is invalid. On error
 // nothing changes.
 func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
+	return c.collect(now, usage, false)
+}
+
+// CollectUnknown ends the epoch that now follows, like Collect, when its
+// usage could not be read (the usage source failed): the epoch's demand is
+// unknown, not zero. Every key keeps its smoothed demand and its share (no
+// shrink at collection), and the report claims what this region enforces
+// now (an upper bound, as always) with the held smoothed demand and no
+// epoch demand or admitted cost. So a failed read neither empties a busy
+// region's shares nor tells the others its demand fell to 0. Counted in
+// Stats.UnknownUsage. Errors: ErrEpochNotOver, as Collect.
+func (c *Core) CollectUnknown(now time.Time) (Published, error) {
+	return c.collect(now, nil, true)
+}
+
+func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, error) {
 	m := EpochOf(now, c.cfg.Epoch) - 1
 	if c.started && m <= c.published {
 		return Published{}, fmt.Errorf("%w: epoch %d was collected; now %v is in epoch %d", ErrEpochNotOver, c.published, now, m+1)
@@ -266,6 +301,7 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 	if !c.started {
 		c.started, c.firstEpoch, c.decided = true, m, m-1
 	}
+	c.again = false
 	for _, u := range usage {
 		st := c.keys[u.Key]
 		if st == nil {
@@ -294,34 +330,44 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 	for _, e := range c.tidy() {
 		k, st := e.key, e.st
 		rate := min(shares.MulDiv(st.demand, 1_000_000, c.epochMs), 1<<60)
-		if c.adopted && m == c.firstEpoch {
+		switch {
+		case unknown:
+			// The epoch's demand is unknown: hold the smoothed demand.
+		case c.adopted && m == c.firstEpoch:
 			// An adopted Core's first epoch: no history to smooth with;
 			// starting from 0 would halve the demand and shrink shares
 			// the region needs.
 			st.smoothed = min(rate, shares.MulDiv(rate, c.cfg.Shares.HeadroomPermille, 1000))
-		} else {
+		default:
 			st.smoothed = c.smooth(st.smoothed, rate)
 		}
 		st.want = shares.Share{}
-		lim, ok := c.limit(k.PolicyID)
+		lim, ok := c.keyLimit(k, now)
 		if !ok {
 			st.demand, st.admitted = 0, 0
 			continue
 		}
 		if !st.known {
-			st.share, st.known = lim.Default(), true
+			st.share, st.claim, st.known = lim.Default(), lim.Default(), true
+		} else if st.synced && !st.record {
+			// No record: the gateways enforce the default of the limit
+			// in force, which moves with the limit (package doc, Policies).
+			st.share = lim.Default()
 		}
 		// Give up now what the epoch's demand shows is not needed, so the
 		// report claims the smaller share and the others can grow into
 		// it at their decision of this very epoch. Never during warm-up
 		// (see decide).
-		if !warm && c.cfg.ShrinkAtCollect {
+		if !warm && c.cfg.ShrinkAtCollect && !unknown {
 			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), rate); err == nil && kept != st.share && kept != clamp(st.share, lim) {
 				out.Updates = append(out.Updates, c.record(k, st, lim, kept, m))
 				st.share = kept
 				c.stats.Kept++
 			}
 		}
+		// The claim of this epoch's report (an absent key claims the
+		// default, which is its share then).
+		st.claim = st.share
 		if !warm && !c.fallback {
 			if w, err := c.cfg.Shares.Want(lim, c.self, c.inputs(k, st, lim, m, true)); err == nil {
 				st.want = w
@@ -336,14 +382,38 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 		st.demand, st.admitted = 0, 0
 	}
 	c.stats.Updates += int64(len(out.Updates))
+	if unknown {
+		c.stats.UnknownUsage++
+	}
 	c.published, c.pending, c.ownReport = m, true, rep != nil
 	out.Report = rep
 	return out, nil
 }
 
+// ReceiveAt is Receive for a report taken from the bus at now (the
+// receiver's clock): a report whose epoch is after now's epoch is refused
+// as Future and counted (Stats.Future), and changes nothing. By the clock
+// assumption of the package doc (clocks differ by less than one epoch) a
+// region publishes its report of epoch m after the end of m on its clock,
+// which is after the start of m on every other region's clock; a report of
+// a later epoch comes from a clock outside that assumption or is corrupt,
+// and accepting it would make it the region's latest report for good (the
+// region's real reports would then be stale or never newest, and this
+// region would stay in fallback). Drivers call ReceiveAt.
+func (c *Core) ReceiveAt(now time.Time, r *Report) (Receipt, error) {
+	if r != nil && r.Epoch > EpochOf(now, c.cfg.Epoch) {
+		if _, ok := c.index[r.Region]; ok && r.Region != c.cfg.Region {
+			c.stats.Future++
+			return Future, nil
+		}
+	}
+	return c.Receive(r)
+}
+
 // Receive stores a report from the bus. Duplicates, conflicting resends and
 // stale reports change nothing (see Receipt). The Core keeps r.Keys: the
-// caller must not modify them afterwards.
+// caller must not modify them afterwards. Receive does not check the
+// report's epoch against a clock: drivers use ReceiveAt.
 //
 // Errors wrap ErrReport and say what is malformed (unknown region, negative
 // values, a key twice); the report is then ignored.
@@ -428,14 +498,34 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 // key it or any report of the epoch mentions. It grows only when the view
 // is complete, this region is not in fallback, its own report was
 // published, and now is still in the epoch right after the decided one.
-// Write the updates before the next Collect's report is published.
+// With nothing pending, it decides the last epoch again when Due says so
+// (Decision.Again). Write the updates before the next Collect's report is
+// published.
 //
-// Error: ErrNothingPending.
+// Error: ErrNothingPending (nothing pending and no second decision due).
 func (c *Core) Decide(now time.Time) (Decision, error) {
 	if !c.pending {
-		return Decision{}, ErrNothingPending
+		if !c.dueAgain(now) {
+			return Decision{}, ErrNothingPending
+		}
+		c.stats.AgainDecisions++
+		d := c.decide(now, false)
+		d.Again = true
+		return d, nil
 	}
 	return c.decide(now, false), nil
+}
+
+// dueAgain reports whether the last decided epoch should be decided again
+// with growth: it held for an incomplete view, that view is now complete,
+// and now is still in the epoch after it (which is not collected yet:
+// Collect clears again).
+func (c *Core) dueAgain(now time.Time) bool {
+	if !c.again || EpochOf(now, c.cfg.Epoch) != c.decided+1 {
+		return false
+	}
+	complete, _ := c.view(c.decided)
+	return complete
 }
 
 // view classifies the other regions for epoch m: complete is true when
@@ -494,6 +584,9 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		d.Mode = shares.Grow
 		c.stats.GrowDecisions++
 	}
+	// Held only because a report is missing: if it arrives within the
+	// next epoch, the epoch is decided again with growth (dueAgain).
+	c.again = d.Mode == shares.Hold && !complete && timely && c.ownReport && !late
 	for _, i := range silentIdx {
 		d.Silent = append(d.Silent, c.regions[i])
 	}
@@ -527,22 +620,27 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 	// In key order, so that the updates come out sorted.
 	for _, e := range c.tidy() {
 		key, st := e.key, e.st
-		lim, ok := c.limit(key.PolicyID)
+		lim, ok := c.keyLimit(key, now)
 		if !ok {
 			c.remove(key, st)
 			continue
 		}
 		if !st.known {
-			st.share, st.known = lim.Default(), true
+			st.share, st.claim, st.known = lim.Default(), lim.Default(), true
+		} else if st.synced && !st.record {
+			st.share = lim.Default() // package doc, Policies
 		}
 		in := c.inputs(key, st, lim, m, false)
 		d.Keys++
 		next, err := c.cfg.Shares.Next(lim, c.self, in, d.Mode)
 		if err != nil {
 			c.stats.InvalidShare++
-			next = in[c.self].Claim // never above the current share
+			// Never above the current share (nor the claim).
+			next = shares.Share{RateMilli: min(in[c.self].Claim.RateMilli, st.share.RateMilli), BurstMilli: min(in[c.self].Claim.BurstMilli, st.share.BurstMilli)}
 		}
-		st.want = shares.Share{}
+		if !c.again {
+			st.want = shares.Share{} // (kept for a second decision)
+		}
 		def := lim.Default()
 		refresh := st.record && (st.short && m >= st.writtenAt+k-1 || !st.short && m >= st.writtenAt+c.cfg.IdleTTLEpochs/2)
 		// During warm-up nothing is written: records of a previous
@@ -556,11 +654,12 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			c.remove(key, st) // idle at the default: no state needed
 		}
 	}
-	// Keep, per region, the reports of later epochs and the latest one.
+	// Keep, per region, the reports of later epochs and the latest one
+	// (and those of m while it may be decided again).
 	for i := range c.remote {
 		q := &c.remote[i]
 		for e := range q.reports {
-			if e <= m && e != q.last {
+			if (e < m || e == m && !c.again) && e != q.last {
 				delete(q.reports, e)
 			}
 		}
@@ -625,7 +724,10 @@ func (c *Core) inputs(key Key, st *keyState, lim shares.Limit, m int64, latest b
 	def := lim.Default()
 	for i := range c.regions {
 		if i == c.self {
-			in[i] = shares.RegionInput{DemandMilli: st.smoothed, Claim: clamp(st.share, lim), Want: clamp(st.want, lim)}
+			// The claim this region published: a decision's growth is
+			// bounded from it (its share may have shrunk since, at a
+			// first decision of the epoch that held).
+			in[i] = shares.RegionInput{DemandMilli: st.smoothed, Claim: clamp(st.claim, lim), Want: clamp(st.want, lim)}
 			continue
 		}
 		q := &c.remote[i]
@@ -760,6 +862,25 @@ func (c *Core) limit(policyID string) (shares.Limit, bool) {
 		return shares.Limit{}, false
 	}
 	return c.lcLim, true
+}
+
+// keyLimit is the limit in force for key at now: the subject's own limit
+// when Policies is a SubjectPolicies with one in force for it (an
+// override) that fits this deployment, else the policy's (see limit). An
+// override that does not fit is counted in Stats.InvalidPolicy and the
+// policy's limit applies.
+func (c *Core) keyLimit(k Key, now time.Time) (shares.Limit, bool) {
+	lim, ok := c.limit(k.PolicyID)
+	if !ok || c.subjects == nil {
+		return lim, ok
+	}
+	if o, ok := c.subjects.SubjectLimit(k.PolicyID, k.Subject, now); ok {
+		if o.Validate() == nil && o.Regions == len(c.regions) {
+			return o, true
+		}
+		c.stats.InvalidPolicy++
+	}
+	return lim, true
 }
 
 // newKey returns the state of a key first seen at epoch m. A record a

@@ -206,6 +206,44 @@ func TestShrinkAtCollectFollowsAShiftInOneEpoch(t *testing.T) {
 	assert.Positive(t, kept)
 }
 
+// TestLateReportsDelayGrowthWithoutFreezingIt: every report arrives after
+// MaxWait (but within the next epoch). Each decision first holds at the
+// deadline, then decides the epoch again with growth once the view is
+// complete, so shares follow a shift as they do with timely reports, one
+// part of an epoch later. (Before, every decision held: the region with
+// the demand stayed at the default for as long as the latency lasted.)
+func TestLateReportsDelayGrowthWithoutFreezingIt(t *testing.T) {
+	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}}
+	c := newCluster(t, rand.New(rand.NewPCG(1, 1)), three, DefaultConfig(), pol, []Key{hot}, perfect{})
+	c.fixRegions()
+	c.deliverFirst = true
+	c.late = 1
+	lim := c.policies["api"]
+	var warm int64 = DefaultConfig().WarmupEpochs
+	for e := e0; e < e0+warm+4; e++ {
+		c.step(e, demandIn(c, "eu", 50_000))
+	}
+	require.GreaterOrEqual(t, c.share("eu", hot, e0+warm+4).RateMilli, lim.RateMilli*9/10)
+	shift := e0 + warm + 4
+	c.step(shift, demandIn(c, "us", 50_000))
+	c.step(shift+1, demandIn(c, "us", 50_000))
+	us := c.share("us", hot, shift+2)
+	assert.GreaterOrEqual(t, us.RateMilli, lim.RateMilli*9/10, "us took the limit within the epoch after the shift")
+	eu := c.regs[c.index("eu")]
+	var again, grow int
+	for _, d := range eu.decisions {
+		if d.Again {
+			again++
+			assert.Equal(t, shares.Grow, d.Mode)
+		}
+		if d.Mode == shares.Grow {
+			grow++
+		}
+	}
+	assert.Equal(t, grow, again, "every growth came from a second decision")
+	assert.Positive(t, again)
+}
+
 func TestDemandMovesAndSharesFollowWithinTwoEpochs(t *testing.T) {
 	c := threeRegionCluster(t, perfect{})
 	lim := c.policies["api"]

@@ -29,17 +29,35 @@
 //     grow); plus heard (the last epoch received from each region) and seq
 //     (= the epoch number: one report per region and epoch, so seq strictly
 //     increases across restarts without stored state). A key missing from a
-//     report means: idle, at the default share, wants nothing.
+//     report means: idle, at the default share, wants nothing. When the
+//     usage cannot be read, CollectUnknown collects the epoch instead: the
+//     demand is unknown, not zero, so every key holds its smoothed demand
+//     and its share (no shrink at collection) and the report claims what
+//     is enforced (still an upper bound).
 //  2. publishes the report, and passes every report it receives to Receive.
 //     Reports are deduplicated by (region, epoch): the same seq again is a
 //     Duplicate, another seq a Conflict (the first is kept); a report older
 //     than both the decided epoch and the region's latest is Stale. Reports
-//     may arrive in any order; nothing depends on arrival order.
+//     may arrive in any order; nothing depends on arrival order. A report
+//     of an epoch after the receiver's current one breaks the clock
+//     assumption below (its sender published it before the epoch began on
+//     any clock within one epoch of its own); Core.ReceiveAt refuses it as
+//     Future and counts it (Stats.Future), so a corrupt epoch (2^40) cannot
+//     become a region's latest report and keep this region in fallback.
 //  3. calls Decide(now) once Due(now): the view of epoch m is complete (a
 //     report of epoch m from every region that is not silent) or the wait
 //     for laggards (Config.MaxWait) is over. It writes the returned updates:
 //     keys whose share changed, records due for a refresh, and keys written
 //     for the first time by this Core.
+//  4. if that decision held only because the view was incomplete, and the
+//     missing reports arrive while epoch m+1 still runs (before the
+//     collection of m+1), Due is true again and Decide decides epoch m a
+//     second time, now with growth (Decision.Again). Reports later than
+//     MaxWait thus delay growth by their lateness instead of stopping it:
+//     growth needs every report of epoch m to arrive before the end of
+//     epoch m+1 on the receiver's clock, that is a report latency below
+//     Epoch - CollectDelay - (collection and publication) - clock skew
+//     (about 8.5 s with the defaults).
 //
 // # The decision and the partition rule
 //
@@ -55,7 +73,11 @@
 //     and its next report asks for nothing (want 0).
 //   - Otherwise it grows only if the view of epoch m is complete, its own
 //     report of epoch m was published, and now is still in epoch m+1
-//     (timely); else it only shrinks (shares.Hold).
+//     (timely); else it only shrinks (shares.Hold). A decision that held
+//     for an incomplete view (timely, own report published) may be
+//     followed by a second decision of m, which grows under the same
+//     conditions (complete, timely, not cut off), before epoch m+1 is
+//     collected.
 //
 // # Why the enforced sum stays within L (and B)
 //
@@ -68,7 +90,19 @@
 // published want and W the sum of the published wants of the regions
 // that need (published demand above claim) if any, else of all (and a
 // region that does not need grows by 0 when some region needs); which
-// regions need is read from the same published reports in every view. Every region with a positive want of epoch m is
+// regions need is read from the same published reports in every view.
+// Growth is computed from the region's own published claim and want of
+// epoch m (Next's input), not from its share at the time of the decision.
+// A second decision of m (Decision.Again) changes nothing in this: the
+// first decision only shrank, so until the second one the share is at
+// most the claim; the second is made from the same published claims,
+// wants and demands of m as any growing view of m (its view is complete),
+// so it is one more growing view of the same epoch, and each region grows
+// at most once per epoch (only the second decision grows; a decision
+// that grew arms no second one). It is made before this region collects
+// m+1 (Collect disarms it), so its updates are written before the report
+// of m+1, which claims them, is published, exactly as for a timely
+// decision. Every region with a positive want of epoch m is
 // present in every growing view of epoch m: if a growing region lacked its
 // report, the view would be incomplete (no growth) or the region silent,
 // and a silent region was in fallback at its decision of m-1 (it missed
@@ -168,10 +202,42 @@
 // # Policies
 //
 // The Core reads each key's limit from Policies. A key whose policy is
-// unknown, or whose regions count differs from len(Config.Regions), is
-// skipped and counted (Stats.UnknownPolicy, Stats.InvalidPolicy). A claim
+// unknown, or whose limit is invalid (shares.Limit.Validate: among others
+// a burst that cannot give every region one request of the policy's
+// cheapest cost, MinCostMilli) or whose regions count differs from
+// len(Config.Regions), is skipped and counted (Stats.UnknownPolicy,
+// Stats.InvalidPolicy); the coordinator refuses such a policy at start.
+//
+// When Policies is a SubjectPolicies (the coordinator's, with the policy
+// log), a key whose subject has an override in force is computed from the
+// override's limit, looked up at each collection and decision, as the
+// gateways apply the override to the same policy (its default share
+// included). A lowering override takes effect in the shares at the first
+// decision after it starts (the claims above it count as the new limit,
+// leaving no slack, and shrink); a raising one lets shares grow into the
+// new slack; expiry or deletion gives the policy's limit back the same
+// way. Until every region has decided once under the new limit (at most an
+// epoch plus MaxWait after the change), the enforced sum is bounded by the
+// limit before the change. A change of the limit also moves the default, so
+// a record keeps the lifetime class it was written with (above or below the
+// old default) until its next write, at most K-1 epochs later for a record
+// above the default. A claim
 // above a lowered limit counts as the limit (no slack) and shrinks at the
 // next decision.
+//
+// A key with no share record is enforced at the default of the limit the
+// gateways have, so its claim is the default of the limit in force at
+// every Collect and Decide, not the value it had when the record was
+// deleted: after a raise from L to L' the region claims floor(L'/n), which
+// its gateways enforce as soon as they load the new policy. (Claiming the
+// old default instead let the others grow into slack that the raised
+// default had already taken: found by the end-to-end test of the
+// binaries, Σ 43.3 of a raised 40/s.) A raise keeps the sum within L': the
+// records are unchanged and sum to at most L minus the old defaults of
+// the keys without one. After a lowering, gateways that still have the
+// old policy enforce the old default until they reload it (seconds), the
+// same bound as a record written under the old limit until its region's
+// next decision rewrites it.
 //
 // # Cost
 //

@@ -66,17 +66,20 @@ type Observer interface {
 
 // CollectInfo describes one collection.
 type CollectInfo struct {
-	Epoch       int64         // the epoch collected
-	UsageKeys   int           // usage entries read from the source
-	ReportKeys  int           // keys in the published report (0 during warm-up)
-	Published   bool          // a report was published
-	Read        time.Duration // reading the usage
-	Publish     time.Duration // writing pending updates and publishing
-	UsageErr    error         // reading failed: the epoch was collected with no usage
-	PublishErr  error         // pending updates or the publication failed: nothing published
-	CoreKeys    int           // keys the Core holds state for
-	CoreStats   Stats         // the Core's counters after the collection
-	CollectedAt time.Time     // when the collection started
+	Epoch      int64         // the epoch collected
+	UsageKeys  int           // usage entries read from the source
+	ReportKeys int           // keys in the published report (0 during warm-up)
+	Published  bool          // a report was published
+	Read       time.Duration // reading the usage
+	Publish    time.Duration // writing pending updates and publishing
+	UsageErr   error         // reading failed (or Collect refused the usage)
+	// UsageUnknown: reading failed, so the epoch was collected with its
+	// demand unknown (Core.CollectUnknown: smoothed demand and shares held).
+	UsageUnknown bool
+	PublishErr   error     // pending updates or the publication failed: nothing published
+	CoreKeys     int       // keys the Core holds state for
+	CoreStats    Stats     // the Core's counters after the collection
+	CollectedAt  time.Time // when the collection started
 }
 
 // DecideInfo describes one decision.
@@ -109,8 +112,8 @@ type DriverConfig struct {
 	Clock Clock
 	// CollectDelay is how long after an epoch ends the driver collects it,
 	// so the gateways' last flush of the epoch (every second by default)
-	// lands first. 0 <= CollectDelay < the Core's MaxWait. Default: the
-	// smaller of 1 s and MaxWait/2.
+	// lands first. 0 <= CollectDelay < the Core's MaxWait. Default:
+	// DefaultCollectDelay(MaxWait), the smaller of 1 s and MaxWait/2.
 	CollectDelay time.Duration
 	// IOTimeout bounds each call to Usage, Shares and Bus.Publish.
 	// Default: Epoch/2.
@@ -168,8 +171,12 @@ type Status struct {
 // doc). Construct with NewDriver; call Run once. Status is safe for
 // concurrent use.
 //
-// Failure behaviour: a usage read that fails reports the epoch with no
-// usage (the region's demand looks lower, so its share can only shrink).
+// Failure behaviour: a usage read that fails collects the epoch with its
+// demand unknown (Core.CollectUnknown): the smoothed demand and the shares
+// are held, the report claims what the region enforces, and
+// CollectInfo.UsageUnknown says so. The usage stays in the source (which
+// removes only what it returns) and is never read again: the next
+// collection reads the next epoch.
 // Share writes that fail are kept and retried every RetryInterval, newer
 // updates of a key replacing older ones; while any are unwritten the
 // driver publishes no report (the report would claim shares the store does
@@ -214,7 +221,7 @@ func NewDriver(core *Core, cfg DriverConfig) (*Driver, error) {
 	}
 	cc := core.Config()
 	if cfg.CollectDelay == 0 {
-		cfg.CollectDelay = min(time.Second, cc.MaxWait/2)
+		cfg.CollectDelay = DefaultCollectDelay(cc.MaxWait)
 	}
 	if cfg.CollectDelay < 0 || cfg.CollectDelay >= cc.MaxWait {
 		return nil, fmt.Errorf("%w: driver: CollectDelay %v not in [0, MaxWait = %v)", ErrConfig, cfg.CollectDelay, cc.MaxWait)
@@ -403,7 +410,7 @@ func (d *Driver) receive(ctx context.Context, out chan<- *Report) {
 
 func (d *Driver) apply(r *Report) {
 	now := d.clock.Now()
-	receipt, err := d.core.Receive(r)
+	receipt, err := d.core.ReceiveAt(now, r)
 	info := ReceiveInfo{Receipt: receipt, Err: err}
 	if r != nil {
 		info.Region, info.Epoch, info.Keys = r.Region, r.Epoch, len(r.Keys)
@@ -459,13 +466,15 @@ func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
 	usage, err := d.cfg.Usage.Usage(rctx, m)
 	cancel()
 	info.Read = d.clock.Now().Sub(now)
+	var pub Published
 	if err != nil {
-		info.UsageErr = err
-		usage = nil
-		d.log.Warn("rebalancer: usage read failed; collecting the epoch with no usage", "epoch", m, "err", err)
+		info.UsageErr, info.UsageUnknown = err, true
+		d.log.Warn("rebalancer: usage read failed; collecting the epoch with its demand unknown (smoothed demand and shares held)", "epoch", m, "err", err)
+		pub, err = d.core.CollectUnknown(at)
+	} else {
+		info.UsageKeys = len(usage)
+		pub, err = d.core.Collect(at, usage)
 	}
-	info.UsageKeys = len(usage)
-	pub, err := d.core.Collect(at, usage)
 	if err != nil {
 		// Only ErrEpochNotOver or ErrUsage: nothing changed.
 		d.log.Error("rebalancer: collect failed", "epoch", m, "err", err)

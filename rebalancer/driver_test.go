@@ -41,6 +41,7 @@ type world struct {
 	r                      *rand.Rand
 	loss, dup              float64
 	maxDelay               time.Duration
+	minDelay               time.Duration // added to every delivery's delay
 	ports                  map[string]*chaosPort
 	writeFail              map[string]bool
 	demand                 func(region string, epoch int64, k Key) int64
@@ -124,9 +125,9 @@ func (p *chaosPort) Publish(_ context.Context, r *Report) error {
 			}
 		}
 		for range copies {
-			delay := time.Duration(0)
+			delay := w.minDelay
 			if w.maxDelay > 0 {
-				delay = time.Duration(w.r.Int64N(int64(w.maxDelay)))
+				delay += time.Duration(w.r.Int64N(int64(w.maxDelay)))
 			}
 			c, inbox := cloneReport(r), w.ports[to].inbox
 			time.AfterFunc(delay, func() {
@@ -503,4 +504,129 @@ func TestNewDriverRejectsBadConfig(t *testing.T) {
 	d, err := NewDriver(core, ok)
 	require.NoError(t, err)
 	assert.False(t, d.Status().Running)
+}
+
+// TestDriverRefusesFarFutureReport: one report of epoch 2^40 (corrupt, or
+// from a clock far outside the skew the protocol assumes) is refused and
+// counted as Future; the region goes on deciding with growth instead of
+// staying in fallback for good (the report would have been the sender's
+// latest forever, so its real reports never counted as heard).
+func TestDriverRefusesFarFutureReport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us", "ap"}, lim, keys)
+		w.demand = func(region string, _ int64, _ Key) int64 {
+			if region == "eu" {
+				return 250
+			}
+			return 0
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		regs := startRegions(t, ctx, w, driverTestConfig())
+		w.ports["eu"].inbox <- &Report{Region: "us", Epoch: 1 << 40, Seq: 1 << 40, Heard: []Heard{{Region: "us", Epoch: 1 << 40}}}
+		w.watch(14*time.Second, keys[0])
+		cancel()
+		synctest.Wait()
+		eu := regs[0].obs
+		eu.mu.Lock()
+		defer eu.mu.Unlock()
+		assert.Equal(t, 1, eu.receipts[Future], "the far-future report is refused and counted")
+		require.NotEmpty(t, eu.decisions)
+		var grows int
+		for _, d := range eu.decisions[len(eu.decisions)-3:] {
+			if d.Decision.Mode == shares.Grow {
+				grows++
+			}
+		}
+		assert.Equal(t, 3, grows, "eu's last three decisions grow (not in fallback): %+v", eu.decisions[len(eu.decisions)-3:])
+		assert.Equal(t, int64(1), regs[0].driver.core.Stats().Future)
+	})
+}
+
+// TestDriverUsageFailureHoldsDemand: a busy region whose usage reads fail
+// keeps its share and its smoothed demand (both are unknown, not zero)
+// while the reads fail; the enforced sum stays within the limit.
+func TestDriverUsageFailureHoldsDemand(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us", "ap"}, lim, keys)
+		w.demand = func(region string, _ int64, _ Key) int64 {
+			if region == "eu" {
+				return 250
+			}
+			return 0
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		regs := startRegions(t, ctx, w, driverTestConfig())
+		w.watch(14*time.Second, keys[0])
+		before := w.enforced("eu", keys[0])
+		require.Greater(t, before.RateMilli, 2*lim.Default().RateMilli, "eu grew into the others' shares")
+		w.mu.Lock()
+		regs[0].source.fail = true
+		w.mu.Unlock()
+		// Every 50 ms through four failed collections: eu keeps its share
+		// (the last decisions may still move it by rounding dust as the
+		// views converge; before holding, a failed read cut it to the
+		// floor, 1.5% of the default).
+		end := time.Now().Add(4 * time.Second)
+		for time.Now().Before(end) {
+			time.Sleep(50 * time.Millisecond)
+			got := w.enforced("eu", keys[0])
+			assert.InDelta(t, before.RateMilli, got.RateMilli, float64(lim.RateMilli/1000), "eu's share while its reads fail")
+		}
+		cancel()
+		synctest.Wait()
+		obs := regs[0].obs
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		last := obs.collects[len(obs.collects)-1]
+		assert.True(t, last.UsageUnknown)
+		assert.Error(t, last.UsageErr)
+		assert.GreaterOrEqual(t, last.CoreStats.UnknownUsage, int64(3))
+	})
+}
+
+// TestDriverLateReportsStillGrow: every report arrives 300-400 ms after it
+// is published, so after MaxWait (400 ms after the epoch; the driver
+// publishes 200 ms after it). Each decision holds at the deadline and the
+// epoch is decided again, with growth, when the last report lands: the
+// busy region takes most of the limit and the enforced sum stays within
+// it. (Before, every decision held and the busy region stayed at the
+// default.)
+func TestDriverLateReportsStillGrow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us", "ap"}, lim, keys)
+		w.minDelay, w.maxDelay = 300*time.Millisecond, 100*time.Millisecond
+		w.demand = func(region string, _ int64, _ Key) int64 {
+			if region == "eu" {
+				return 250
+			}
+			return 0
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		regs := startRegions(t, ctx, w, driverTestConfig())
+		w.watch(14*time.Second, keys[0])
+		mean := w.watch(4*time.Second, keys[0])
+		cancel()
+		synctest.Wait()
+		assert.Greater(t, mean["eu"], 2*lim.Default().RateMilli, "eu grew: %v", mean)
+		obs := regs[0].obs
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		var again, grow int
+		for _, d := range obs.decisions {
+			if d.Decision.Again {
+				again++
+			}
+			if d.Decision.Mode == shares.Grow {
+				grow++
+			}
+		}
+		assert.Positive(t, again)
+		assert.Equal(t, grow, again, "every growth was a second decision")
+	})
 }

@@ -62,6 +62,21 @@ type cluster struct {
 	// skip is the probability that a region's driver misses a decision
 	// window, so its next Collect decides late (without growth).
 	skip float64
+	// afterCollect, when set, runs in every step between the collections
+	// and the decisions (for example, to change a policy there).
+	afterCollect func(e int64)
+	// late is the probability that a report due in an epoch's decision
+	// window arrives after the deadline (MaxWait), while the next epoch
+	// still runs: a region that held for it may decide again with growth.
+	late float64
+	// unknown is the probability that a region's usage read fails, so it
+	// collects the epoch with CollectUnknown.
+	unknown float64
+	// lookup, when set, is the Cores' Policies instead of policies, and
+	// limitAt the limit in force for a key at t (what the gateways apply,
+	// for the default share and the check); see overrideLookup.
+	lookup  Policies
+	limitAt func(k Key, t time.Time) shares.Limit
 }
 
 func newCluster(t testing.TB, r *rand.Rand, names []string, cfg Config, policies PolicyMap, keys []Key, n net) *cluster {
@@ -86,7 +101,11 @@ func (c *cluster) newCore(name string) *Core {
 	if len(cfg.Regions) == 0 || !slices.Contains(cfg.Regions, name) {
 		cfg.Regions = append(cfg.Regions, name)
 	}
-	core, err := New(cfg, c.policies)
+	var pol Policies = c.policies
+	if c.lookup != nil {
+		pol = c.lookup
+	}
+	core, err := New(cfg, pol)
 	require.NoError(c.t, err)
 	return core
 }
@@ -115,7 +134,15 @@ func (c *cluster) enforced(h *hregion, k Key, t time.Time) shares.Share {
 	if rec, ok := h.store[k]; ok && t.Before(rec.expireAt) {
 		return rec.share
 	}
-	return c.policies[k.PolicyID].Default()
+	return c.limit(k, t).Default()
+}
+
+// limit is the limit in force for k at t.
+func (c *cluster) limit(k Key, t time.Time) shares.Limit {
+	if c.limitAt != nil {
+		return c.limitAt(k, t)
+	}
+	return c.policies[k.PolicyID]
 }
 
 func (c *cluster) apply(h *hregion, now time.Time, ups []Update) {
@@ -134,7 +161,13 @@ func (c *cluster) apply(h *hregion, now time.Time, ups []Update) {
 // enforced by all regions together are within L and B.
 func (c *cluster) check(t time.Time) {
 	for _, k := range c.keys {
-		lim := c.policies[k.PolicyID]
+		lim := c.limit(k, t)
+		if c.limitAt != nil {
+			// A change of the limit takes effect at the decisions after
+			// it: until then the sum is bounded by the limit before it.
+			lim2 := c.limit(k, t.Add(-c.cfg.Epoch-c.cfg.MaxWait))
+			lim.RateMilli, lim.BurstMilli = max(lim.RateMilli, lim2.RateMilli), max(lim.BurstMilli, lim2.BurstMilli)
+		}
 		var sum shares.Share
 		for _, h := range c.regs {
 			s := c.enforced(h, k, t)
@@ -167,7 +200,13 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 				usage = append(usage, Usage{Key: k, Demand: d, Admitted: d / 2})
 			}
 		}
-		pub, err := h.core.Collect(end, usage)
+		var pub Published
+		var err error
+		if c.unknown > 0 && c.r.Float64() < c.unknown {
+			pub, err = h.core.CollectUnknown(end)
+		} else {
+			pub, err = h.core.Collect(end, usage)
+		}
 		require.NoError(c.t, err)
 		require.Equal(c.t, e, pub.Epoch)
 		if pub.Late != nil {
@@ -189,6 +228,9 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		}
 	}
 	c.check(end)
+	if c.afterCollect != nil {
+		c.afterCollect(e)
+	}
 
 	mid := end.Add(c.cfg.MaxWait / 2)
 	deadline := end.Add(c.cfg.MaxWait)
@@ -196,14 +238,17 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		deliver *msg
 		decide  int
 	}
-	var events []event
+	var events, lateEvents []event
 	var keep []msg
 	for idx := range c.inflight {
 		m := c.inflight[idx]
-		if m.due <= e {
-			events = append(events, event{deliver: &m})
-		} else {
+		switch {
+		case m.due > e:
 			keep = append(keep, m)
+		case c.late > 0 && c.r.Float64() < c.late:
+			lateEvents = append(lateEvents, event{deliver: &m})
+		default:
+			events = append(events, event{deliver: &m})
 		}
 	}
 	c.inflight = keep
@@ -221,21 +266,27 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		}
 	}
 	var deferred []int
+	skipped := map[int]bool{}
+	deliver := func(m *msg) *hregion {
+		h := c.regs[m.to]
+		if !h.up {
+			return nil
+		}
+		rc, err := h.core.Receive(m.rep)
+		require.NoError(c.t, err)
+		if rc == Accepted || rc == Duplicate || rc == Stale {
+			h.received = append(h.received, m.rep)
+		}
+		return h
+	}
 	for _, ev := range events {
 		if ev.deliver != nil {
-			h := c.regs[ev.deliver.to]
-			if !h.up {
-				continue
-			}
-			rc, err := h.core.Receive(ev.deliver.rep)
-			require.NoError(c.t, err)
-			if rc == Accepted || rc == Duplicate || rc == Stale {
-				h.received = append(h.received, ev.deliver.rep)
-			}
+			deliver(ev.deliver)
 			continue
 		}
 		h := c.regs[ev.decide]
 		if !h.up || c.r.Float64() < c.skip {
+			skipped[ev.decide] = true
 			continue
 		}
 		if h.core.Due(mid) {
@@ -248,6 +299,23 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		h := c.regs[i]
 		require.True(c.t, h.core.Due(deadline))
 		c.decide(h, deadline)
+	}
+	// Reports later than the deadline, still in epoch e+1: a region that
+	// held for one of them decides again, with growth, once its view is
+	// complete (as a driver does when a report makes Due true).
+	lateAt := deadline.Add((c.cfg.Epoch - c.cfg.MaxWait) / 2)
+	c.r.Shuffle(len(lateEvents), func(a, b int) { lateEvents[a], lateEvents[b] = lateEvents[b], lateEvents[a] })
+	for _, ev := range lateEvents {
+		h := deliver(ev.deliver)
+		if h == nil || skipped[ev.deliver.to] {
+			continue
+		}
+		if h.core.Due(lateAt) {
+			_, pending := h.core.Pending()
+			require.False(c.t, pending, "region %s: only a second decision is due after the deadline", h.name)
+			c.decide(h, lateAt)
+			require.True(c.t, h.decisions[len(h.decisions)-1].Again)
+		}
 	}
 }
 

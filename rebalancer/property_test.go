@@ -62,6 +62,8 @@ type scenario struct {
 	crashes []crash
 	epochs  int64
 	skip    float64     // probability that a driver misses a decision window
+	late    float64     // probability that a report arrives after MaxWait, within the next epoch
+	unknown float64     // probability that a usage read fails (CollectUnknown)
 	demand  [][][]int64 // [epoch][region][key] cost units
 }
 
@@ -134,6 +136,12 @@ func randScenario(r *rand.Rand) scenario {
 		}
 		s.demand = append(s.demand, byRegion)
 	}
+	if r.IntN(2) == 0 {
+		s.late = r.Float64() * 0.5
+	}
+	if r.IntN(3) == 0 {
+		s.unknown = r.Float64() * 0.3
+	}
 	return s
 }
 
@@ -143,6 +151,8 @@ func (s scenario) run(t testing.TB, r *rand.Rand) *cluster {
 	c := newCluster(t, r, s.names, s.cfg, s.pol, s.keys, s.bus)
 	c.fixRegions()
 	c.skip = s.skip
+	c.late = s.late
+	c.unknown = s.unknown
 	base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s.cfg.Epoch)
 	for e := int64(0); e < s.epochs; e++ {
 		for _, cr := range s.crashes {
@@ -176,7 +186,7 @@ func TestSafetyUnderChaos(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(11, 12))
 	modes := map[shares.Mode]int{}
-	var silent, above, total, late int
+	var silent, above, total, late, again, unknown int
 	for i := 0; i < cases; i++ {
 		seed := r.Uint64()
 		s := randScenario(rand.New(rand.NewPCG(seed, 1)))
@@ -184,6 +194,8 @@ func TestSafetyUnderChaos(t *testing.T) {
 			c := s.run(t, rand.New(rand.NewPCG(seed, 2)))
 			for _, h := range c.regs {
 				late += int(h.core.Stats().LateDecisions)
+				again += int(h.core.Stats().AgainDecisions)
+				unknown += int(h.core.Stats().UnknownUsage)
 				for _, d := range h.decisions {
 					total++
 					modes[d.Mode]++
@@ -203,8 +215,10 @@ func TestSafetyUnderChaos(t *testing.T) {
 		}
 	}
 	// The scenarios must exercise every path, not pass by standing still.
-	t.Logf("decisions %d: %v; late %d; with silent regions %d; updates above default %d", total, modes, late, silent, above)
+	t.Logf("decisions %d: %v; late %d; again %d; usage unknown %d; with silent regions %d; updates above default %d", total, modes, late, again, unknown, silent, above)
 	require.Greater(t, late, total/100)
+	require.Greater(t, again, total/100)
+	require.Greater(t, unknown, total/100)
 	require.Greater(t, modes[shares.Grow], total/4)
 	require.Greater(t, modes[shares.Hold], total/50)
 	require.Greater(t, modes[shares.Fallback], total/10)
@@ -222,6 +236,7 @@ func TestOrderAndDuplicatesChangeNothing(t *testing.T) {
 		s := randScenario(rand.New(rand.NewPCG(seed, 1)))
 		s.crashes = nil
 		s.bus.dup = 0
+		s.late, s.unknown = 0, 0 // drawn from the run's stream
 		// Delivery must not depend on the run's random stream: decide the
 		// routes up front.
 		routes := map[[3]int64][]int64{}

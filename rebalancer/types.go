@@ -93,6 +93,23 @@ type Policies interface {
 	Limit(policyID string) (shares.Limit, bool)
 }
 
+// SubjectPolicies is a Policies that also knows per-subject limits (the
+// admin API's overrides). When the Core's Policies implements it, every
+// key's share is computed from the limit in force for its subject at the
+// time of the collection or decision: the override's while it is in
+// force, the policy's once it expired or was deleted, so the shares the
+// coordinator writes follow what the gateways enforce (they apply the
+// same override to the same policy, default share included).
+type SubjectPolicies interface {
+	Policies
+	// SubjectLimit returns the limit in force for subject (the limiter's
+	// encoded subject, as in Key) under policyID at now, and true when an
+	// override replaces the policy's limit; false when the policy's limit
+	// applies. Same rules as Limit: it must not block, and it is called
+	// once per key per collection and decision.
+	SubjectLimit(policyID, subject string, now time.Time) (shares.Limit, bool)
+}
+
 // PolicyMap is a Policies backed by a map; it is not safe to change while a
 // Core uses it.
 type PolicyMap map[string]shares.Limit
@@ -148,6 +165,10 @@ const (
 	Stale
 	// Own: the report is this region's own; nothing changed.
 	Own
+	// Future: the report's epoch is after the receiver's current epoch,
+	// beyond what the clock assumption allows (see Core.ReceiveAt);
+	// nothing changed.
+	Future
 )
 
 // String returns the receipt's name.
@@ -163,6 +184,8 @@ func (r Receipt) String() string {
 		return "stale"
 	case Own:
 		return "own"
+	case Future:
+		return "future"
 	}
 	return "unknown"
 }

@@ -1,10 +1,16 @@
 package region
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
 	"time"
+
+	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/quotientlabs/quotient/dailyquota/kafkarepl"
 	"github.com/quotientlabs/quotient/limiter"
@@ -44,11 +50,22 @@ type Config struct {
 	// RedisCluster: RedisAddrs[0] is a cluster configuration endpoint
 	// (e.g. ElastiCache cluster mode), not a standalone server.
 	RedisCluster bool
+	// RedisTLS, when non-nil, encrypts every Redis connection (build it
+	// with internal/tlsconfig). Default nil: plaintext.
+	RedisTLS *tls.Config
+	// RedisUsername is the ACL user (empty: the default user) and
+	// RedisPassword its password or the AUTH token (empty: no AUTH).
+	RedisUsername, RedisPassword string
 	// UsageShards is the gateways' usage shard count. Default
 	// limiter.DefaultUsageShards.
 	UsageShards int
 	// KafkaBrokers are the Kafka bootstrap brokers (host:port).
 	KafkaBrokers []string
+	// KafkaTLS, when non-nil, encrypts every Kafka connection; KafkaSASL,
+	// when non-nil, authenticates it (kafkautil.NewSASL). Default nil:
+	// plaintext, unauthenticated.
+	KafkaTLS  *tls.Config
+	KafkaSASL sasl.Mechanism
 	// Topic is the usage-report topic. Default kafkabus.DefaultTopic.
 	Topic string
 	// Mirrored selects the one-cluster-per-region layout (MirrorMaker 2):
@@ -60,6 +77,22 @@ type Config struct {
 	// and the admin API with AdminTokens). Default
 	// ":9090".
 	Listen string
+	// ListenTLS, when non-nil, makes the HTTP server serve TLS only with
+	// it (build it with tlsconfig.NewReloader, so certificates rotate
+	// without a restart); a plaintext request to the port gets no answer.
+	// Default nil: plaintext HTTP.
+	ListenTLS *tls.Config
+	// AdminClientCert makes the admin API (/v1/) require a client
+	// certificate that verified against ListenTLS's client CAs, on top of
+	// the bearer token; /metrics, /healthz and /readyz do not, so load
+	// balancers and scrapers need none. It needs ListenTLS. Default false.
+	AdminClientCert bool
+	// AdminInsecure lets the admin API serve plaintext HTTP on an address
+	// other than loopback. Without it, AdminTokens with a non-loopback
+	// Listen (":9090" is every interface) and no ListenTLS is a
+	// configuration error: the bearer tokens would cross the network in
+	// the clear. Default false.
+	AdminInsecure bool
 	// Policies are the policy documents; the global bucket policies among
 	// them (scope global, token_bucket or leaky_bucket) are shared, and the
 	// global fixed windows are replicated (daily quotas, package
@@ -159,14 +192,34 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: UsageShards %d is negative", ErrConfig, c.UsageShards)
 	case c.AdminTokens != nil && !c.PolicyLog:
 		return fmt.Errorf("%w: AdminTokens needs PolicyLog: admin writes are records on the policy log", ErrConfig)
+	case c.AdminClientCert && c.ListenTLS == nil:
+		return fmt.Errorf("%w: AdminClientCert needs ListenTLS: client certificates come with TLS", ErrConfig)
+	case c.AdminTokens != nil && c.ListenTLS == nil && !c.AdminInsecure && !isLoopback(c.Listen):
+		return fmt.Errorf("%w: Listen %q is not a loopback address and ListenTLS is not set: the admin API would carry its bearer tokens in the clear (set ListenTLS, listen on loopback, or set AdminInsecure)", ErrConfig, c.Listen)
 	case c.Gossip != nil && c.Gossip.Name == "":
 		return fmt.Errorf("%w: Gossip.Name is empty: each replica needs a unique name", ErrConfig)
 	}
 	return nil
 }
 
+// isLoopback reports whether the listen address hostport binds loopback
+// only: 127.0.0.0/8, ::1 or "localhost". An empty host (every interface)
+// or a name that is not localhost is not loopback.
+func isLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
 // GlobalLimits returns the shared limits of the global bucket policies
-// among policies, for n regions, and how many global policies were skipped
+// among policies, for n regions (with the cost of each policy's cheapest
+// request, so every share admits one), and how many global policies were skipped
 // because the limiter enforces no share for their algorithm (global fixed
 // windows, which are replicated instead: see newDailyQuota).
 func GlobalLimits(policies []*limiter.Policy, n int) (rebalancer.PolicyMap, int) {
@@ -180,7 +233,23 @@ func GlobalLimits(policies []*limiter.Policy, n int) (rebalancer.PolicyMap, int)
 			skipped++
 			continue
 		}
-		out[p.ID] = shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: n}
+		out[p.ID] = shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: n, MinCostMilli: p.MinCost() * 1000}
 	}
 	return out, skipped
+}
+
+// checkLimits refuses a global policy whose burst cannot give every region
+// one request (shares.Limit.Validate), naming the policy.
+func checkLimits(limits rebalancer.PolicyMap) error {
+	ids := make([]string, 0, len(limits))
+	for id := range limits {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if err := limits[id].Validate(); err != nil {
+			return fmt.Errorf("%w: Policies: global policy %q: %w", ErrConfig, id, err)
+		}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,8 @@ import (
 
 	dqredis "github.com/quotientlabs/quotient/dailyquota/redisio"
 	"github.com/quotientlabs/quotient/internal/kafkautil"
+	"github.com/quotientlabs/quotient/internal/redisconn"
+	"github.com/quotientlabs/quotient/internal/tlsconfig"
 	"github.com/quotientlabs/quotient/rebalancer"
 	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
 	"github.com/quotientlabs/quotient/rebalancer/redisio"
@@ -78,6 +81,9 @@ func New(cfg Config) (*Coordinator, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	limits, windows := GlobalLimits(cfg.Policies, len(cfg.Regions))
+	if err := checkLimits(limits); err != nil {
+		return nil, err
+	}
 	if !cfg.PolicyLog && len(limits) == 0 && len(dqredis.Policies(cfg.Policies)) == 0 {
 		return nil, fmt.Errorf("%w: Policies: no global token_bucket or leaky_bucket policy to share and no global fixed_window policy to replicate among %d policies", ErrConfig, len(cfg.Policies))
 	}
@@ -95,18 +101,18 @@ func New(cfg Config) (*Coordinator, error) {
 		c.name = cfg.Gossip.Name
 	}
 	c.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if cfg.RedisCluster || len(cfg.RedisAddrs) > 1 {
-		c.redis = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.RedisAddrs})
-	} else {
-		c.redis = redis.NewClient(&redis.Options{Addr: cfg.RedisAddrs[0]})
-	}
+	c.redis = redisconn.Options{
+		Addrs: cfg.RedisAddrs, Cluster: cfg.RedisCluster, TLS: cfg.RedisTLS, Username: cfg.RedisUsername, Password: cfg.RedisPassword,
+	}.New()
 	c.fence = membership.NewFence(c.redis, cfg.Region)
 	fail := func(err error) (*Coordinator, error) {
 		c.close()
 		return nil, err
 	}
 	var err error
-	c.kafka, err = kafkautil.New(kafkautil.DefaultConfig(cfg.KafkaBrokers...))
+	kcfg := kafkautil.DefaultConfig(cfg.KafkaBrokers...)
+	kcfg.TLS, kcfg.SASL = cfg.KafkaTLS, cfg.KafkaSASL
+	c.kafka, err = kafkautil.New(kcfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -152,7 +158,11 @@ func New(cfg Config) (*Coordinator, error) {
 		if err != nil {
 			return fail(err)
 		}
-		mux.Handle("/v1/", srv)
+		var h http.Handler = srv
+		if cfg.AdminClientCert {
+			h = requireClientCert(srv)
+		}
+		mux.Handle("/v1/", h)
 	}
 	if cfg.Gossip != nil {
 		gc := *cfg.Gossip
@@ -166,6 +176,9 @@ func New(cfg Config) (*Coordinator, error) {
 	c.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fail(fmt.Errorf("region: listen on %q: %w", cfg.Listen, err))
+	}
+	if cfg.ListenTLS != nil {
+		c.listener = tls.NewListener(c.listener, cfg.ListenTLS)
 	}
 	c.server = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return c, nil
@@ -305,6 +318,7 @@ func (c *Coordinator) run(ctx context.Context) error {
 	// admin writes in flight) last.
 	lctx, lcancel := context.WithCancel(ctx)
 	var lwg sync.WaitGroup
+	lwg.Go(func() { c.publishRegionSet(lctx) })
 	if c.cfg.PolicyLog {
 		lwg.Go(func() { c.retry(lctx, "policy log follower", c.followPolicies) })
 		lwg.Go(func() { _ = c.mat.Run(lctx) })
@@ -524,6 +538,24 @@ func (c *Coordinator) readyz(w http.ResponseWriter, r *http.Request) {
 		rd.Status, code = "not ready", http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, rd)
+}
+
+// requireClientCert answers 403 (an RFC 9457 problem) to a request whose
+// connection presented no verified client certificate, and passes the
+// others to h.
+func requireClientCert(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !tlsconfig.HasVerifiedClientCert(r.TLS) {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusForbidden)
+			_ = json.NewEncoder(w).Encode(map[string]any{
+				"type": "about:blank", "title": "Forbidden", "status": http.StatusForbidden,
+				"detail": "the admin API requires a client certificate signed by the listener's client CA",
+			})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -198,4 +198,16 @@ func TestGlobalLimits(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, int64(300_000), l.RateMilli)
 	assert.Equal(t, 3, l.Regions)
+	assert.Equal(t, int64(1000), l.MinCostMilli, "unlisted requests cost 1")
+}
+
+// TestNewRefusesBurstBelowOneRequestPerRegion: a global policy whose burst
+// cannot give each region one request (2 tokens over 3 regions) is
+// refused at start, with the policy and the burst to set in the error.
+func TestNewRefusesBurstBelowOneRequestPerRegion(t *testing.T) {
+	p, err := limiter.ParsePolicies([]byte(`[{"id":"tiny","algorithm":"token_bucket","rate_per_sec":10,"burst":2,"scope":"global"}]`))
+	require.NoError(t, err)
+	_, err = region.New(region.Config{Region: "a", Regions: []string{"a", "b", "c"}, RedisAddrs: []string{"127.0.0.1:1"}, KafkaBrokers: []string{"127.0.0.1:1"}, Policies: p})
+	require.ErrorIs(t, err, region.ErrConfig)
+	assert.ErrorContains(t, err, `global policy "tiny": shares: invalid limit: burst 2 over 3 regions gives each less than one request of cost 1: raise the burst to at least 3`)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -99,6 +100,7 @@ func (dq *dailyQuota) run(ctx context.Context, ps *policySet) error {
 		dq.mu.Lock()
 		dq.cur = drv
 		dq.mu.Unlock()
+		dq.log.Info("region: daily-quota replication running", "policies", len(pols))
 		go func() {
 			defer close(done)
 			_ = drv.Run(dctx) // returns dctx.Err(); restarts its consumer itself
@@ -109,9 +111,13 @@ func (dq *dailyQuota) run(ctx context.Context, ps *policySet) error {
 			dq.log.Info("region: replicated fixed windows changed; restarting daily-quota replication", "policies", len(ps.windowPolicies()))
 		}
 		cancel()
+		stopping := time.Now()
 		<-done
 		if err := bus.Close(); err != nil {
 			dq.log.Warn("region: close daily-quota bus", "err", err)
+		}
+		if d := time.Since(stopping); d > time.Second {
+			dq.log.Warn("region: daily-quota replication took long to stop", "took", d)
 		}
 		dq.mu.Lock()
 		dq.base = addStats(dq.base, drv.Stats())

@@ -10,6 +10,16 @@
 // cmd/quotient's `coordinator` command builds a Config from flags and runs
 // a Coordinator until SIGTERM.
 //
+// Transport security (issue 18): Redis and Kafka connections use
+// Config.RedisTLS / RedisUsername / RedisPassword and KafkaTLS / KafkaSASL;
+// the HTTP listener serves TLS only with Config.ListenTLS (a
+// tlsconfig.Reloader's, so certificates rotate without a restart), and with
+// AdminClientCert the admin API also requires a verified client
+// certificate while /metrics and the health endpoints do not. Invariant:
+// the admin API never serves plaintext on a non-loopback address unless
+// Config.AdminInsecure says so (New refuses), because its bearer tokens
+// would cross the network in the clear.
+//
 // Control plane (issue 7):
 //   - Policies. With Config.PolicyLog the coordinator replays the compacted
 //     topic quotient.policies into an admin.Catalog (policysync.Follower),

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quotientlabs/quotient/rebalancer"
+	"github.com/quotientlabs/quotient/shares"
 )
 
 // metrics implements rebalancer.Observer with Prometheus collectors on
@@ -21,12 +22,19 @@ type metrics struct {
 	lastEpoch     *prometheus.GaugeVec // by region
 	decisions     *prometheus.CounterVec
 	updates       prometheus.Counter
-	errors        *prometheus.CounterVec // by kind
+	usageUnknown  prometheus.Counter
+	again         prometheus.Counter
+	held          prometheus.Gauge
+	// heldFrom is the epoch after the last one decided with growth or in
+	// fallback (-1: none yet); the held gauge counts epochs from it.
+	heldFrom int64
+	errors   *prometheus.CounterVec // by kind
 }
 
 func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 	m := &metrics{
-		regions: len(regions),
+		regions:  len(regions),
+		heldFrom: -1,
 		epochDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "quotient_coordinator_epoch_duration_seconds",
 			Help:    "Cost of one epoch in this region, by phase: total (collect start to the decision's writes), read (usage from Redis), publish (pending writes and the Kafka publish), write (the decision's share writes).",
@@ -43,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 		}, []string{"region"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quotient_coordinator_reports_total",
-			Help: "Reports taken from Kafka, by sending region and receipt (accepted, duplicate, conflict, stale, own); invalid reports count in quotient_coordinator_errors_total{kind=\"report\"}.",
+			Help: "Reports taken from Kafka, by sending region and receipt (accepted, duplicate, conflict, stale, own, future: an epoch after the receiver's, beyond the clock skew the protocol allows, refused); invalid reports count in quotient_coordinator_errors_total{kind=\"report\"}.",
 		}, []string{"region", "receipt"}),
 		regionsAlive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "quotient_coordinator_regions_alive",
@@ -61,12 +69,24 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 			Name: "quotient_coordinator_share_updates_total",
 			Help: "Share records written or deleted.",
 		}),
+		again: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quotient_coordinator_again_decisions_total",
+			Help: "Second decisions of an epoch, with growth: the first held because a region's report arrived after --max-wait, and it arrived before the next epoch ended (also counted in decisions_total{mode=\"grow\"}).",
+		}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "quotient_coordinator_held_epochs",
+			Help: "Consecutive epochs, up to the last one decided, decided in mode hold (no growth: some region's report missing or late) with no later decision of the epoch that grew; 0 after a grow or fallback decision. Several in a row mean reports arrive after the next epoch ends: busy regions cannot take idle regions' shares.",
+		}),
+		usageUnknown: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quotient_coordinator_usage_unknown_epochs_total",
+			Help: "Epochs collected with their usage unknown (the read failed): smoothed demand and shares were held, not cut to the floor.",
+		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quotient_coordinator_errors_total",
 			Help: "Failures by kind: usage_read, publish (report not published), share_write, report (invalid report received).",
 		}, []string{"kind"}),
 	}
-	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.errors)
+	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.usageUnknown, m.again, m.held, m.errors)
 	for _, k := range []string{"usage_read", "publish", "share_write", "report"} {
 		m.errors.WithLabelValues(k)
 	}
@@ -84,6 +104,9 @@ func (m *metrics) Collected(c rebalancer.CollectInfo) {
 	if c.UsageErr != nil {
 		m.errors.WithLabelValues("usage_read").Inc()
 	}
+	if c.UsageUnknown {
+		m.usageUnknown.Inc()
+	}
 	if c.PublishErr != nil {
 		m.errors.WithLabelValues("publish").Inc()
 	}
@@ -95,6 +118,18 @@ func (m *metrics) Decided(d rebalancer.DecideInfo) {
 	m.keys.WithLabelValues("decided").Set(float64(d.Decision.Keys))
 	m.regionsAlive.Set(float64(m.regions - len(d.Decision.Silent)))
 	m.decisions.WithLabelValues(d.Decision.Mode.String(), strconv.FormatBool(d.Late)).Inc()
+	if d.Decision.Again {
+		m.again.Inc()
+	}
+	if d.Decision.Mode == shares.Hold {
+		if m.heldFrom < 0 {
+			m.heldFrom = d.Decision.Epoch
+		}
+		m.held.Set(float64(d.Decision.Epoch - m.heldFrom + 1))
+	} else {
+		m.heldFrom = d.Decision.Epoch + 1
+		m.held.Set(0)
+	}
 	if d.WriteErr != nil {
 		m.errors.WithLabelValues("share_write").Inc()
 	} else {
@@ -110,7 +145,7 @@ func (m *metrics) Received(r rebalancer.ReceiveInfo) {
 		return
 	}
 	m.reports.WithLabelValues(r.Region, r.Receipt.String()).Inc()
-	if r.Receipt != rebalancer.Own {
+	if r.Receipt != rebalancer.Own && r.Receipt != rebalancer.Future {
 		m.reportLag.WithLabelValues(r.Region).Observe(r.Lag.Seconds())
 	}
 	if r.Receipt == rebalancer.Accepted || r.Receipt == rebalancer.Own {

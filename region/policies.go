@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/quotientlabs/quotient/dailyquota"
 	dqredis "github.com/quotientlabs/quotient/dailyquota/redisio"
@@ -22,22 +23,39 @@ import (
 // coordinators and gateways switch together); until then, and without the
 // policy log, Config.Policies (the --policies file, a bootstrap).
 //
-// Limit is safe for concurrent use and never blocks (an atomic map swap),
-// as rebalancer.Policies requires; refresh is called after every change of
-// the catalog.
+// Overrides: with the policy log in force, SubjectLimit gives the limit of
+// every override of a global bucket policy not deleted, as the gateways
+// compute it (admin.Override.Apply on the policy in force, which the
+// gateways' Reloader does on the same catalog's snapshot), until the
+// override's expiry, judged like the gateways by now: so the shares follow
+// the limit the gateways enforce for the subject, and an expired or
+// deleted override gives the policy's limit back.
+//
+// Limit and SubjectLimit are safe for concurrent use and never block (an
+// atomic map swap), as rebalancer.Policies requires; refresh is called
+// after every change of the catalog.
 type policySet struct {
 	file    []*limiter.Policy
 	cat     *admin.Catalog // nil without the policy log
 	regions int
 
-	limits atomic.Pointer[rebalancer.PolicyMap]
+	limits    atomic.Pointer[rebalancer.PolicyMap]
+	overrides atomic.Pointer[map[subjectKey]overrideLimit]
 
 	mu      sync.Mutex
 	windows string        // signature of the replicated fixed windows
 	changed chan struct{} // capacity 1: the replicated fixed windows changed
 }
 
-var _ rebalancer.Policies = (*policySet)(nil)
+var _ rebalancer.SubjectPolicies = (*policySet)(nil)
+
+type subjectKey struct{ policy, subject string }
+
+// overrideLimit is an override's limit and when it stops applying.
+type overrideLimit struct {
+	lim     shares.Limit
+	expires time.Time
+}
 
 func newPolicySet(file []*limiter.Policy, cat *admin.Catalog, regions int) *policySet {
 	p := &policySet{file: file, cat: cat, regions: regions, changed: make(chan struct{}, 1)}
@@ -68,6 +86,50 @@ func (p *policySet) Limit(policyID string) (shares.Limit, bool) {
 	return l, ok
 }
 
+// SubjectLimit implements rebalancer.SubjectPolicies: the limit of the
+// override of policyID for subject (its store-key form) while in force.
+func (p *policySet) SubjectLimit(policyID, subject string, now time.Time) (shares.Limit, bool) {
+	m := p.overrides.Load()
+	if m == nil || len(*m) == 0 {
+		return shares.Limit{}, false
+	}
+	o, ok := (*m)[subjectKey{policyID, subject}]
+	if !ok || !now.Before(o.expires) {
+		return shares.Limit{}, false
+	}
+	return o.lim, true
+}
+
+// overrideLimits returns the limits of the overrides of the global bucket
+// policies in force (see the type doc). An override that does not fit its
+// policy is skipped, as the gateways skip it.
+func (p *policySet) overrideLimits(cur []*limiter.Policy) map[subjectKey]overrideLimit {
+	out := map[subjectKey]overrideLimit{}
+	if !p.fromLog() {
+		return out
+	}
+	byID := map[string]*limiter.Policy{}
+	for _, q := range cur {
+		byID[q.ID] = q
+	}
+	for _, e := range p.cat.AllOverrides() {
+		o := e.Override
+		base, ok := byID[o.Policy]
+		if !ok {
+			continue
+		}
+		q, err := o.Apply(base)
+		if err != nil {
+			continue
+		}
+		limits, _ := GlobalLimits([]*limiter.Policy{q}, p.regions)
+		if lim, ok := limits[q.ID]; ok {
+			out[subjectKey{o.Policy, o.Subject}] = overrideLimit{lim: lim, expires: o.ExpiresAt}
+		}
+	}
+	return out
+}
+
 // windowPolicies returns the global fixed windows to replicate.
 func (p *policySet) windowPolicies() []dailyquota.Policy {
 	return dqredis.Policies(p.current())
@@ -79,6 +141,8 @@ func (p *policySet) refresh() {
 	cur := p.current()
 	limits, _ := GlobalLimits(cur, p.regions)
 	p.limits.Store(&limits)
+	ovs := p.overrideLimits(cur)
+	p.overrides.Store(&ovs)
 	sig := fmt.Sprint(dqredis.Policies(cur))
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -33,7 +33,8 @@
 //     L*ReservePermille/1000, left unallocated).
 //
 //  2. Every live region gets the floor f = Default()*FloorPermille/1000
-//     (less if n*f > T), so a quiet region can admit its first requests.
+//     (less if n*f > T), so a quiet region can admit its first requests;
+//     the burst floor is at least Limit.MinCostMilli (see Floors).
 //
 //  3. The rest is water-filled over each region's demand above the floor:
 //     the largest level λ with Σ min(d_i - f, λ) <= rest; each region gets
@@ -52,6 +53,23 @@
 //
 // Every division floors, so Σ targets <= L always; the few milli-tokens
 // lost to rounding stay unallocated.
+//
+// # Floors: one request per region
+//
+// A burst floor of FloorPermille of Default() alone can be under one
+// request: 1.5% of 200/3 tokens is 0.999 tokens, so an idle region that
+// gets its first request would admit nothing until the next decision.
+// The burst floor is therefore max(Default().Burst*FloorPermille/1000,
+// MinCostMilli), the cost of the policy's cheapest request, and the
+// reserve never cuts it. It fits: a valid Limit has B/n >= MinCostMilli
+// (Validate refuses B < n x MinCostMilli, naming the burst to set), so the
+// floor is at most Default() and n floors are at most B. Every share
+// Targets, Keep and Next give a live region (and Default(), which needs no
+// record) then admits at least one request, given a claim that did: Keep
+// keeps max(floor, H*demand) or more, Next in every mode stays at or above
+// min(claim, damped target) and a target is never below the floor. A claim
+// below the floor (a record written before the floor was raised) is not
+// raised without proven slack: it reaches the floor at its next growth.
 //
 // Keep (Config.Keep), at collection, before the region publishes: a claim
 // above max(Default(), H*demand of the epoch just ended) shrinks to
@@ -98,6 +116,8 @@
 //     published want is safe.
 //   - Next never exceeds L (B), never goes negative, and in Fallback never
 //     exceeds Default().
+//   - Floors: every target of a live region has a burst >= MinCostMilli;
+//     Keep and Next keep it there from a claim that was.
 //
 // # Cost
 //

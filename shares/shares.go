@@ -39,9 +39,18 @@ type Limit struct {
 	RateMilli  int64 // L: global rate, milli-tokens per second, 1..MaxLimitMilli
 	BurstMilli int64 // B: global burst, milli-tokens, 0..MaxLimitMilli
 	Regions    int   // n: number of regions sharing the limit, 1..MaxRegions
+	// MinCostMilli is the cost of the policy's cheapest request, milli
+	// cost units (1000 for a request of cost 1), 0..B/n: every share a
+	// live region gets from Targets, Keep or Next has a burst of at least
+	// MinCostMilli, so a region that receives its first request admits it
+	// (see the package doc, Floors). 0: no such bound.
+	MinCostMilli int64
 }
 
-// Validate reports whether l is in range; the error wraps ErrLimit.
+// Validate reports whether l is in range; the error wraps ErrLimit. A
+// burst that cannot give every region one request of MinCostMilli
+// (B < n x MinCostMilli) is refused: with it some region would enforce a
+// share that admits nothing.
 func (l Limit) Validate() error {
 	switch {
 	case l.RateMilli <= 0 || l.RateMilli > MaxLimitMilli:
@@ -50,8 +59,31 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("%w: BurstMilli %d not in 0..%d", ErrLimit, l.BurstMilli, MaxLimitMilli)
 	case l.Regions < 1 || l.Regions > MaxRegions:
 		return fmt.Errorf("%w: Regions %d not in 1..%d", ErrLimit, l.Regions, MaxRegions)
+	case l.MinCostMilli < 0 || l.MinCostMilli > MaxLimitMilli:
+		return fmt.Errorf("%w: MinCostMilli %d not in 0..%d", ErrLimit, l.MinCostMilli, MaxLimitMilli)
+	case l.MinCostMilli > l.BurstMilli/int64(l.Regions):
+		return fmt.Errorf("%w: burst %s over %d regions gives each less than one request of cost %s: raise the burst to at least %s (regions x cost) or make the policy regional",
+			ErrLimit, milliString(l.BurstMilli), l.Regions, milliString(l.MinCostMilli), milliString(l.MinCostMilli*int64(l.Regions)))
 	}
 	return nil
+}
+
+// milliString formats milli units as a decimal number.
+func milliString(v int64) string {
+	if v%1000 == 0 {
+		return fmt.Sprintf("%d", v/1000)
+	}
+	return fmt.Sprintf("%.3f", float64(v)/1000)
+}
+
+// floors returns the floor of a live region per dimension: Default() x
+// FloorPermille/1000, and for the burst at least MinCostMilli (never above
+// Default(), since a valid Limit has B/n >= MinCostMilli).
+func (c Config) floors(lim Limit) dims {
+	def := lim.defaultDims()
+	f := dims{def[0] * c.FloorPermille / 1000, def[1] * c.FloorPermille / 1000}
+	f[1] = min(max(f[1], lim.MinCostMilli), def[1])
+	return f
 }
 
 // Default is the share a region enforces for a key it has no share record
@@ -202,8 +234,15 @@ func (c Config) targets(lim Limit, in []RegionInput, v *[2][MaxRegions]int64) {
 	if nl == 0 {
 		return
 	}
+	floors := c.floors(lim)
 	for d := 0; d < 2; d++ {
 		t := total[d] - mulDiv(lim.dims()[d], c.ReservePermille, 1000)
+		if d == 1 {
+			// The reserve never cuts a burst floor below one request
+			// (nl of them fit: MinCostMilli <= Default(), and total
+			// holds nl defaults).
+			t = max(t, min(total[d], lim.MinCostMilli*int64(nl)))
+		}
 		if t < 0 {
 			t = 0
 		}
@@ -215,9 +254,8 @@ func (c Config) targets(lim Limit, in []RegionInput, v *[2][MaxRegions]int64) {
 			}
 			demand[k] = min(dm, t)
 		}
-		floor := def[d] * c.FloorPermille / 1000
 		var out [MaxRegions]int64
-		c.fill(t, floor, demand[:nl], out[:nl])
+		c.fill(t, floors[d], demand[:nl], out[:nl])
 		for k := 0; k < nl; k++ {
 			// Headroom cap: leftover beyond max(default, H*demand) stays
 			// unallocated, so a region keeps at collection (Keep) what
@@ -254,6 +292,7 @@ func (c Config) Keep(lim Limit, claim Share, demandMilli int64) (Share, error) {
 		return Share{}, fmt.Errorf("%w: Claim.BurstMilli %d not in 0..%d", ErrInput, claim.BurstMilli, lim.BurstMilli)
 	}
 	def := lim.defaultDims()
+	floors := c.floors(lim)
 	cl := claim.dims()
 	need := dims{min(demandMilli, lim.RateMilli), 0}
 	need[1] = mulDiv(need[0], lim.BurstMilli, lim.RateMilli)
@@ -262,7 +301,7 @@ func (c Config) Keep(lim Limit, claim Share, demandMilli int64) (Share, error) {
 		h := mulDiv(need[d], c.HeadroomPermille, 1000)
 		out[d] = cl[d]
 		if cl[d] > max(def[d], h) {
-			out[d] = min(cl[d], max(def[d]*c.FloorPermille/1000, h))
+			out[d] = min(cl[d], max(floors[d], h))
 		}
 	}
 	return fromDims(unmix(out, def)), nil

@@ -715,3 +715,88 @@ func TestModeString(t *testing.T) {
 	assert.Equal(t, "fallback", Fallback.String())
 	assert.Equal(t, "Mode(7)", Mode(7).String())
 }
+
+// TestFloorAdmitsOneRequest: the README's pro policy (100/s, burst 200,
+// three regions) gave an idle region a burst floor of 0.999 tokens (1.5%
+// of 66.666), which admits no request of cost 1 until the next decision;
+// with MinCostMilli the floor is one request.
+func TestFloorAdmitsOneRequest(t *testing.T) {
+	lim := Limit{RateMilli: 100_000, BurstMilli: 200_000, Regions: 3, MinCostMilli: 1000}
+	c := DefaultConfig()
+	in := []RegionInput{live(150_000, lim.Default()), live(0, lim.Default()), live(0, lim.Default())}
+	out := make([]Share, 3)
+	require.NoError(t, c.Targets(lim, in, out))
+	for i := 1; i < 3; i++ {
+		assert.Equal(t, int64(1000), out[i].BurstMilli, "idle region %d: one request of cost 1", i)
+	}
+	assert.LessOrEqual(t, sum(out).BurstMilli, lim.BurstMilli)
+	kept, err := c.Keep(lim, Share{RateMilli: 90_000, BurstMilli: 180_000}, 0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1000), kept.BurstMilli, "a region whose demand stopped keeps one request at collection")
+	// The shares of three rounds of a region with all the demand.
+	claims := []Share{lim.Default(), lim.Default(), lim.Default()}
+	for e := 0; e < 3; e++ {
+		claims = round(t, c, lim, []int64{150_000, 0, 0}, claims)
+	}
+	assert.Equal(t, int64(1000), claims[1].BurstMilli)
+	assert.Equal(t, int64(1000), claims[2].BurstMilli)
+	assert.Equal(t, int64(198_000), claims[0].BurstMilli, "the busy region gets the rest")
+}
+
+// TestLimitRefusesBurstBelowOneRequestPerRegion: B < n x MinCostMilli
+// cannot give every region one request; the error says what to change.
+func TestLimitRefusesBurstBelowOneRequestPerRegion(t *testing.T) {
+	err := Limit{RateMilli: 10_000, BurstMilli: 2_000, Regions: 3, MinCostMilli: 1000}.Validate()
+	require.ErrorIs(t, err, ErrLimit)
+	assert.ErrorContains(t, err, "burst 2 over 3 regions gives each less than one request of cost 1: raise the burst to at least 3")
+	require.NoError(t, Limit{RateMilli: 10_000, BurstMilli: 3_000, Regions: 3, MinCostMilli: 1000}.Validate())
+	require.ErrorContains(t, Limit{RateMilli: 1, BurstMilli: 1, Regions: 1, MinCostMilli: -1}.Validate(), "MinCostMilli")
+}
+
+// TestSharesKeepOneRequestProperty: over random limits, tunings, demands
+// and rounds of complete views (growth, holds, fallbacks, shrinks at
+// collection), every live region's share admits one request of
+// MinCostMilli, and the shares sum within L and B.
+func TestSharesKeepOneRequestProperty(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for iter := 0; iter < 5_000; iter++ {
+		lim := randLimit(r)
+		lim.MinCostMilli = r.Int64N(lim.BurstMilli/int64(lim.Regions) + 1)
+		c := randConfig(r)
+		claims := make([]Share, lim.Regions)
+		for i := range claims {
+			claims[i] = lim.Default()
+		}
+		for e := 0; e < 6; e++ {
+			in := make([]RegionInput, lim.Regions)
+			for i := range in {
+				in[i] = RegionInput{DemandMilli: randDemand(r, lim), Claim: claims[i]}
+				if r.IntN(4) == 0 {
+					k, err := c.Keep(lim, claims[i], in[i].DemandMilli)
+					require.NoError(t, err)
+					require.GreaterOrEqual(t, k.BurstMilli, lim.MinCostMilli, "iter %d: Keep %+v of %+v", iter, k, lim)
+					in[i].Claim, claims[i] = k, k
+				}
+			}
+			out := make([]Share, lim.Regions)
+			require.NoError(t, c.Targets(lim, in, out))
+			for i := range out {
+				require.GreaterOrEqual(t, out[i].BurstMilli, lim.MinCostMilli, "iter %d: target %d %+v of %+v %+v", iter, i, out[i], lim, c)
+			}
+			for i := range in {
+				w, err := c.Want(lim, i, in)
+				require.NoError(t, err)
+				in[i].Want = w
+			}
+			mode := []Mode{Grow, Hold, Fallback}[r.IntN(3)]
+			for i := range in {
+				s, err := c.Next(lim, i, in, mode)
+				require.NoError(t, err)
+				require.GreaterOrEqual(t, s.BurstMilli, lim.MinCostMilli, "iter %d: next %d %+v of %+v in %v", iter, i, s, lim, mode)
+				claims[i] = s
+			}
+			require.LessOrEqual(t, sum(claims).RateMilli, lim.RateMilli, "iter %d", iter)
+			require.LessOrEqual(t, sum(claims).BurstMilli, lim.BurstMilli, "iter %d", iter)
+		}
+	}
+}

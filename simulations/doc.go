@@ -63,9 +63,12 @@
 //
 // Gateways are modelled as one per region, counting demand (every attempt)
 // and admitted cost per policy and subject; the coordinator receives the
-// epoch's counts at the boundary (the real gateways' one-second flush delay
-// is not modelled). Coordinators start HeadStartEpochs epochs before the
-// traffic unless Options.ColdStart is set.
+// epoch's counts at the boundary, and the rebalancer's adapter collects them
+// with production's timing: rebalancer.DefaultCollectDelay after the
+// boundary (1 s with the default max-wait), by which time the gateways'
+// last flush of the epoch (every GatewayFlushInterval, 1 s) has landed, so
+// the counts are the whole epoch's. Coordinators start HeadStartEpochs
+// epochs before the traffic unless Options.ColdStart is set.
 //
 // # Measurement
 //

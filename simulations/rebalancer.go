@@ -10,27 +10,56 @@ import (
 )
 
 // RebalancerCoordinator drives the production rebalancer.Core exactly as
-// a coordinator's driver does (see the rebalancer package doc): at each
-// epoch boundary Collect (write a late decision's updates and the shares
-// given up at collection, then publish the report); Receive every report
-// the bus delivers; Decide as soon as Due, that is when the view is
-// complete or, at the latest, at the Core's
-// Deadline (a wake-up). Updates become share records in the region's store:
-// a Delete installs the default share (what a missing record means), an
-// ExpireAt becomes the record's TTL.
+// a coordinator's driver does (see the rebalancer package doc), with the
+// binaries' timing: CollectDelay after each epoch boundary (a wake-up)
+// Collect the epoch's usage (write a late decision's updates and the
+// shares given up at collection, then publish the report); Receive every
+// report the bus delivers; Decide as soon as Due, that is when the view is
+// complete or, at the latest, at the Core's Deadline (a wake-up), and again
+// when a report completes a held view within the next epoch. Updates
+// become share records in the region's store: a Delete installs the
+// default share (what a missing record means), an ExpireAt becomes the
+// record's TTL.
+//
+// The usage collected is every request of the epoch: the gateways flush
+// every GatewayFlushInterval, which is not longer than the collect delay,
+// so their last flush of the epoch has landed when the coordinator
+// collects (NewRebalancerCoordinator refuses a delay shorter than the
+// flush interval, which this model does not represent).
 type RebalancerCoordinator struct {
 	core *rebalancer.Core
 	info RegionInfo
 	// defaults are the shares a deleted record stands for, by policy.
 	defaults map[string]shares.Share
-	usage    []rebalancer.Usage // scratch
+	delay    time.Duration
+	// The epoch that ended at the last boundary, waiting for its
+	// collection at collectAt.
+	stashed   bool
+	collectAt time.Time
+	usage     []rebalancer.Usage
 }
+
+// GatewayFlushInterval is how often the gateways flush their usage counts
+// to their region's Redis: the default of limiter.UsageFlusherConfig's
+// Interval, which quotient gateway uses (the limiter does not export it;
+// TestGatewayFlushIntervalIsTheLimiters checks the two agree).
+const GatewayFlushInterval = time.Second
 
 // NewRebalancerCoordinator returns a NewCoordinator that builds a
 // RebalancerCoordinator per region from cfg (Region, Regions and Epoch are
 // set from the scenario, and ShrinkAtCollect is on; zero fields get the
-// rebalancer's defaults).
+// rebalancer's defaults), collecting each epoch after the binaries'
+// default collect delay, rebalancer.DefaultCollectDelay(MaxWait).
 func NewRebalancerCoordinator(cfg rebalancer.Config) NewCoordinator {
+	return NewRebalancerCoordinatorDelay(cfg, -1)
+}
+
+// NewRebalancerCoordinatorDelay is NewRebalancerCoordinator with the
+// collect delay given (0: collect at the boundary, the simulator's timing
+// before it modelled production's; negative: the default). A delay must
+// be below MaxWait, as for the driver, and at least GatewayFlushInterval
+// unless 0.
+func NewRebalancerCoordinatorDelay(cfg rebalancer.Config, delay time.Duration) NewCoordinator {
 	return func(info RegionInfo) (Coordinator, error) {
 		c := cfg
 		// This adapter writes Published.Updates before it publishes.
@@ -47,7 +76,11 @@ func NewRebalancerCoordinator(cfg rebalancer.Config) NewCoordinator {
 			if p.Algorithm == limiter.FixedWindow {
 				continue // replicated counters (issue 6), not shares
 			}
-			lim := shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: len(info.Regions)}
+			lim := shares.Limit{RateMilli: p.RateMilli(), BurstMilli: p.BurstMilli(), Regions: len(info.Regions), MinCostMilli: p.MinCost() * 1000}
+			if err := lim.Validate(); err != nil {
+				// What the coordinator refuses at start (region.New).
+				return nil, fmt.Errorf("rebalancer coordinator: global policy %q: %w", p.ID, err)
+			}
 			limits[p.ID] = lim
 			defaults[p.ID] = lim.Default()
 		}
@@ -55,7 +88,18 @@ func NewRebalancerCoordinator(cfg rebalancer.Config) NewCoordinator {
 		if err != nil {
 			return nil, err
 		}
-		return &RebalancerCoordinator{core: core, info: info, defaults: defaults}, nil
+		mw := core.Config().MaxWait
+		d := delay
+		if d < 0 {
+			d = rebalancer.DefaultCollectDelay(mw)
+		}
+		switch {
+		case d >= mw:
+			return nil, fmt.Errorf("rebalancer coordinator: collect delay %v not below MaxWait %v", d, mw)
+		case d > 0 && d < GatewayFlushInterval:
+			return nil, fmt.Errorf("rebalancer coordinator: collect delay %v is shorter than the gateways' flush interval %v, which the simulator does not model", d, GatewayFlushInterval)
+		}
+		return &RebalancerCoordinator{core: core, info: info, defaults: defaults, delay: d}, nil
 	}
 }
 
@@ -68,11 +112,11 @@ func (c *RebalancerCoordinator) Receive(now time.Time, msg Message) TickResult {
 	if !ok {
 		return TickResult{} // another coordinator's (see Combine)
 	}
-	if _, err := c.core.Receive(rep); err != nil {
+	if _, err := c.core.ReceiveAt(now, rep); err != nil {
 		return TickResult{Err: err}
 	}
 	var res TickResult
-	c.decideIfDue(now, &res)
+	c.step(now, &res)
 	return res
 }
 
@@ -80,6 +124,9 @@ func (c *RebalancerCoordinator) Receive(now time.Time, msg Message) TickResult {
 func (c *RebalancerCoordinator) Tick(now time.Time, boundary bool, usage []Usage) TickResult {
 	var res TickResult
 	if boundary {
+		// A stash left from an earlier boundary was not collected (the
+		// coordinator was down at its collection): its usage is lost.
+		c.stashed, c.collectAt = true, now.Add(c.delay)
 		c.usage = c.usage[:0]
 		for _, u := range usage {
 			if _, global := c.defaults[u.Policy]; !global {
@@ -90,41 +137,61 @@ func (c *RebalancerCoordinator) Tick(now time.Time, boundary bool, usage []Usage
 				Demand: u.Demand, Admitted: u.Admitted,
 			})
 		}
-		pub, err := c.core.Collect(now, c.usage)
-		if err != nil {
-			return TickResult{Err: err}
-		}
-		if pub.Late != nil {
-			if err := c.updates(now, pub.Late.Updates, &res); err != nil {
-				return TickResult{Err: err}
-			}
-		}
-		if err := c.updates(now, pub.Updates, &res); err != nil {
-			return TickResult{Err: err}
-		}
-		if pub.Report != nil {
-			res.Publish = append(res.Publish, pub.Report)
-		}
 	}
-	c.decideIfDue(now, &res)
+	c.step(now, &res)
 	return res
 }
 
-func (c *RebalancerCoordinator) decideIfDue(now time.Time, res *TickResult) {
-	if !c.core.Due(now) {
-		if _, pending := c.core.Pending(); pending {
-			res.Wake = c.core.Deadline()
+// step does what is due at now, as the driver's loop does: the pending
+// collection, then a decision; and asks for a wake-up at the next thing
+// due.
+func (c *RebalancerCoordinator) step(now time.Time, res *TickResult) {
+	if c.stashed && !now.Before(c.collectAt) {
+		c.stashed = false
+		if err := c.collect(now, res); err != nil {
+			res.Err = err
+			return
 		}
-		return
 	}
-	d, err := c.core.Decide(now)
+	if c.core.Due(now) {
+		d, err := c.core.Decide(now)
+		if err != nil {
+			res.Err = err
+			return
+		}
+		if err := c.updates(now, d.Updates, res); err != nil {
+			res.Err = err
+			return
+		}
+	}
+	var wake time.Time
+	if _, pending := c.core.Pending(); pending {
+		wake = c.core.Deadline()
+	}
+	if c.stashed && (wake.IsZero() || c.collectAt.Before(wake)) {
+		wake = c.collectAt
+	}
+	res.Wake = wake
+}
+
+// collect collects the stashed epoch at now.
+func (c *RebalancerCoordinator) collect(now time.Time, res *TickResult) error {
+	pub, err := c.core.Collect(now, c.usage)
 	if err != nil {
-		res.Err = err
-		return
+		return err
 	}
-	if err := c.updates(now, d.Updates, res); err != nil {
-		res.Err = err
+	if pub.Late != nil {
+		if err := c.updates(now, pub.Late.Updates, res); err != nil {
+			return err
+		}
 	}
+	if err := c.updates(now, pub.Updates, res); err != nil {
+		return err
+	}
+	if pub.Report != nil {
+		res.Publish = append(res.Publish, pub.Report)
+	}
+	return nil
 }
 
 func (c *RebalancerCoordinator) updates(now time.Time, ups []rebalancer.Update, res *TickResult) error {

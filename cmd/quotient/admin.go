@@ -13,13 +13,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quotientlabs/quotient/internal/tlsconfig"
 	"github.com/quotientlabs/quotient/region/admin"
 )
 
 const adminUsage = `usage: quotient admin [--server URL] [--token TOKEN] COMMAND [flags] [args]
 
 Commands (--server and --token may also come from QUOTIENT_SERVER and
-QUOTIENT_TOKEN; they may be given before or after COMMAND):
+QUOTIENT_TOKEN; they may be given before or after COMMAND; --tls-ca,
+--tls-cert and --tls-key, or QUOTIENT_TLS_CA, QUOTIENT_TLS_CERT and
+QUOTIENT_TLS_KEY, before COMMAND: the CA bundle the coordinator's HTTPS
+certificate must chain to, and the client certificate the admin API may
+require):
   list [--tier TIER]                      policies in force (those applying to TIER)
   get ID                                  the version in force of a policy
   history ID                              every version of a policy, newest first
@@ -52,8 +57,20 @@ func runAdmin(ctx context.Context, env environment, args []string) int {
 		fs.StringVar(&c.token, "token", "", "bearer token (read role for reads, admin role for writes)")
 	}
 	common(fs)
+	var tlsFiles tlsconfig.Client
+	fs.StringVar(&tlsFiles.CAFile, "tls-ca", "", "PEM bundle of the CAs the coordinator's certificate must chain to (default: the system's roots)")
+	fs.StringVar(&tlsFiles.CertFile, "tls-cert", "", "PEM client certificate, for an admin API with --admin-client-cert")
+	fs.StringVar(&tlsFiles.KeyFile, "tls-key", "", "PEM key of --tls-cert")
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return 2
+	}
+	if tlsFiles != (tlsconfig.Client{}) {
+		cfg, err := tlsFiles.Config()
+		if err != nil {
+			fmt.Fprintf(env.stderr, "quotient admin: --tls-ca/--tls-cert/--tls-key: %v\n", err)
+			return 2
+		}
+		c.http.Transport = &http.Transport{TLSClientConfig: cfg, Proxy: http.ProxyFromEnvironment}
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {

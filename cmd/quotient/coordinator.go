@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 
+	"github.com/quotientlabs/quotient/internal/redisconn"
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/region"
 	"github.com/quotientlabs/quotient/region/admin"
@@ -19,7 +21,9 @@ import (
 // runCoordinator implements `quotient coordinator`: it runs one region's
 // epoch loop (package region) until the context ends (SIGINT or SIGTERM in
 // main), then shuts down gracefully. Exit status: 0 after a clean shutdown,
-// 1 when the coordinator fails, 2 on bad flags, environment or policy file.
+// 1 when the coordinator fails (at start: a Redis or Kafka connection that
+// the start-up check shows misconfigured, with the setting named), 2 on bad
+// flags, environment or policy file.
 func runCoordinator(ctx context.Context, env environment, args []string) int {
 	var cfg coordinatorConfig
 	fs := coordinatorFlagSet(&cfg)
@@ -47,6 +51,16 @@ func runCoordinator(ctx context.Context, env environment, args []string) int {
 		fmt.Fprintln(env.stderr, "quotient coordinator:", err)
 		return 2
 	}
+	// A misconfigured connection (wrong CA, refused AUTH or SASL) is one
+	// line and exit status 1 now, not a coordinator that never gets ready.
+	if err := checkRedis(ctx, coordinatorRedis(rc), &cfg.redisSec, rc.Logger); err != nil {
+		fmt.Fprintln(env.stderr, "quotient coordinator:", err)
+		return 1
+	}
+	if err := checkKafka(ctx, rc.KafkaBrokers, rc.KafkaTLS, rc.KafkaSASL, &cfg.kafkaSec, rc.Logger); err != nil {
+		fmt.Fprintln(env.stderr, "quotient coordinator:", err)
+		return 1
+	}
 	c, err := region.New(rc)
 	if err != nil {
 		fmt.Fprintln(env.stderr, "quotient coordinator:", err)
@@ -57,6 +71,21 @@ func runCoordinator(ctx context.Context, env environment, args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// coordinatorRedis is the Redis client options of rc.
+func coordinatorRedis(rc region.Config) redisconn.Options {
+	return redisconn.Options{Addrs: rc.RedisAddrs, Cluster: rc.RedisCluster, TLS: rc.RedisTLS, Username: rc.RedisUsername, Password: rc.RedisPassword}
+}
+
+// loopbackListen reports whether a listen address binds loopback only.
+func loopbackListen(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return host == "localhost" || (err == nil && ip.IsLoopback())
 }
 
 // coordinatorRegionConfig checks the flags and builds the coordinator's
@@ -89,6 +118,25 @@ func coordinatorRegionConfig(cfg coordinatorConfig, env environment) (region.Con
 		return rc, errors.New("--policies is required without --policy-log: the JSON policy file whose scope:global policies are shared")
 	case cfg.gossipBind == "" && cfg.gossipSeeds != "":
 		return rc, errors.New("--gossip-seeds needs --gossip-bind: the address this replica gossips on")
+	}
+	ro, err := cfg.redisSec.options(cfg.redis, cfg.redisCluster, env.lookupEnv)
+	if err != nil {
+		return rc, err
+	}
+	rc.RedisAddrs, rc.RedisTLS, rc.RedisUsername, rc.RedisPassword = ro.Addrs, ro.TLS, ro.Username, ro.Password
+	if rc.KafkaTLS, rc.KafkaSASL, err = cfg.kafkaSec.config(env.lookupEnv); err != nil {
+		return rc, err
+	}
+	reloader, err := cfg.listenSec.reloader(rc.Logger)
+	if err != nil {
+		return rc, err
+	}
+	if reloader != nil {
+		rc.ListenTLS = reloader.TLSConfig()
+	}
+	rc.AdminClientCert, rc.AdminInsecure = cfg.listenSec.adminClientCert, cfg.listenSec.adminInsecure
+	if cfg.adminTokens != "" && rc.ListenTLS == nil && !rc.AdminInsecure && !loopbackListen(cfg.listen) {
+		return rc, fmt.Errorf("--listen %q is not a loopback address: the admin API (--admin-tokens-file) needs --listen-tls-cert and --listen-tls-key there, so its bearer tokens are not sent in the clear (or --admin-insecure)", cfg.listen)
 	}
 	rc.PolicyLog = cfg.policyLog || cfg.adminTokens != ""
 	if cfg.policies != "" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotientlabs/quotient/internal/redisconn"
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/limiter/httplimit"
 	"github.com/quotientlabs/quotient/region/policysync"
@@ -47,10 +49,13 @@ flags:`
 // gatewayConfig is the parsed command line of `quotient gateway`.
 type gatewayConfig struct {
 	listen, upstream, redis, policies, keys, trusted, region, metricsListen string
+	regions                                                                 string // comma list; "" = the coordinator's record
 	policySource                                                            string // "file" or "redis"
-	timeout, reload, epoch, maxDelay, shutdown, policyInterval              time.Duration
+	timeout, reload, epoch, maxDelay, shutdown, policyInterval, usageFlush  time.Duration
 	instances, usageShards, pipeline                                        int
 	eventSample                                                             float64
+	redisSec                                                                redisSecurity // TLS and AUTH to Redis (transport.go)
+	redisCluster                                                            bool          // --redis is one cluster configuration endpoint
 }
 
 func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
@@ -69,16 +74,20 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 	fs.DurationVar(&c.policyInterval, "policy-interval", 30*time.Second, "with --policy-source redis: longest time between two reads of the snapshot (a lost notification delays a change by at most this)")
 	fs.StringVar(&c.keys, "keys", "", `JSON object mapping each API key to {"tier": ..., "account": ...}`)
 	fs.StringVar(&c.trusted, "trusted-proxies", "", "comma list of CIDR prefixes whose X-Forwarded-For / Forwarded is believed")
-	fs.StringVar(&c.region, "region", "local", "region name, a constant label on every metric")
+	fs.StringVar(&c.region, "region", "", "this region's name, one of --regions (global fixed windows are counted under it; a label on every metric); default: the coordinator's record, else \"local\"")
+	fs.StringVar(&c.regions, "regions", "", "comma-separated names of every region sharing global policies, the coordinators' --regions (a key without a share record gets 1/n of a global limit); default: what the region's coordinator wrote to Redis. Required with scope:global policies when the coordinator has written nothing")
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve /metrics on this address instead of on --listen")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Millisecond, "deadline of every Redis call; no request waits longer (plus scheduling)")
 	fs.DurationVar(&c.reload, "reload-interval", 5*time.Second, "how often the policies file is checked for changes (mtime and size)")
 	fs.DurationVar(&c.epoch, "epoch", 10*time.Second, "usage epoch of global policies, shared with the coordinator")
+	fs.DurationVar(&c.usageFlush, "usage-flush", time.Second, "how often the usage of global policies is written to Redis for the coordinator; keep it well below the coordinator's --collect-delay, or an epoch's last usage is read an epoch late")
 	fs.DurationVar(&c.maxDelay, "max-delay", 5*time.Second, "longest a shaped (leaky bucket) request is held")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 10*time.Second, "how long in-flight requests get on shutdown")
 	fs.IntVar(&c.instances, "instances", 1, "gateway instances in the region (local fallbacks get rate / instances)")
 	fs.IntVar(&c.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (must match the coordinator)")
 	fs.Float64Var(&c.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
+	c.redisSec.register(fs)
+	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "--redis is a single Redis Cluster configuration endpoint (ElastiCache cluster mode, as deploy/terraform creates)")
 	fs.IntVar(&c.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return nil, err
@@ -98,6 +107,8 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 		return nil, fmt.Errorf("--policy-interval must be > 0, got %v", c.policyInterval)
 	case c.timeout <= 0:
 		return nil, fmt.Errorf("--timeout must be > 0, got %v", c.timeout)
+	case c.usageFlush <= 0:
+		return nil, fmt.Errorf("--usage-flush must be > 0, got %v", c.usageFlush)
 	case c.reload <= 0:
 		return nil, fmt.Errorf("--reload-interval must be > 0, got %v", c.reload)
 	case c.instances < 1:
@@ -123,7 +134,7 @@ func runGateway(ctx context.Context, env environment, args []string) int {
 		fmt.Fprintf(env.stderr, "quotient gateway: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(env.stderr, nil)).With("region", cfg.region)
+	log := slog.New(slog.NewTextHandler(env.stderr, nil))
 	if err := serveGateway(ctx, env, cfg, log); err != nil {
 		log.Error("quotient gateway: " + err.Error())
 		return 1
@@ -157,12 +168,34 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 		}
 	}
 
+	redisOpts, err := cfg.redisSec.options(cfg.redis, cfg.redisCluster, env.lookupEnv)
+	if err != nil {
+		return err
+	}
+	if err := checkRedis(ctx, redisOpts, &cfg.redisSec, log); err != nil {
+		return err
+	}
+	client := newRedisClient(redisOpts)
+	defer client.Close()
+	flagSet, err := flagRegionSet(cfg)
+	if err != nil {
+		return err
+	}
+	regions := &gatewayRegions{flags: flagSet, client: client, log: log, mismatch: prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "quotient_gateway_region_set_mismatch",
+		Help: "1 when the gateway's --region/--regions/--epoch/--usage-shards disagree with what the region's coordinator wrote to Redis (the coordinator's region set is enforced), else 0.",
+	})}
+	if err := regions.resolve(ctx, cfg, policies); err != nil {
+		return err
+	}
+	cfg.region = regions.region(cmp.Or(cfg.region, "local"))
+	log = log.With("region", cfg.region)
+	regions.log = log
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	regionReg := prometheus.WrapRegistererWith(prometheus.Labels{"region": cfg.region}, reg)
-
-	client := newRedisClient(splitList(cfg.redis))
-	defer client.Close()
+	regionReg.MustRegister(regions.mismatch)
 	lcfg := limiter.DefaultConfig()
 	if cfg.pipeline > 0 {
 		pcfg := limiter.DefaultPipelineConfig()
@@ -176,6 +209,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	} else {
 		lcfg.Store = limiter.NewRedisStore(client)
 	}
+	lcfg.Region = cfg.region
 	lcfg.Deadline = cfg.timeout
 	lcfg.Instances = cfg.instances
 	lcfg.UsageEpoch = cfg.epoch
@@ -192,6 +226,9 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	if err != nil {
 		return err
 	}
+	if err := regions.attach(l); err != nil {
+		return err
+	}
 
 	var watcher *policyWatcher
 	var reloader *policysync.Reloader
@@ -201,19 +238,19 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 			Help: "Policy file reloads by result (ok, error).",
 		}, []string{"result"})
 		regionReg.MustRegister(reloads)
-		watcher = &policyWatcher{path: cfg.policies, l: l, log: log, reloads: reloads}
+		watcher = &policyWatcher{path: cfg.policies, l: regions.guard(l), log: log, reloads: reloads}
 		if err := watcher.init(); err != nil {
 			return err
 		}
 	} else {
-		reloader, err = policysync.NewReloader(policysync.ReloaderConfig{Client: client, Target: l, Interval: cfg.policyInterval, Logger: log, Metrics: regionReg})
+		reloader, err = policysync.NewReloader(policysync.ReloaderConfig{Client: client, Target: regions.guard(l), Interval: cfg.policyInterval, Logger: log, Metrics: regionReg})
 		if err != nil {
 			return err
 		}
 		hook.r.Store(reloader)
 	}
 
-	flusher := limiter.NewUsageFlusher(l, limiter.NewRedisUsageSink(client, cfg.usageShards, cfg.epoch, 3), limiter.UsageFlusherConfig{Logger: log})
+	flusher := limiter.NewUsageFlusher(l, limiter.NewRedisUsageSink(client, cfg.usageShards, cfg.epoch, 3), limiter.UsageFlusherConfig{Interval: cfg.usageFlush, Logger: log})
 	flusher.Start()
 	defer flusher.Stop()
 
@@ -273,6 +310,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
+	go regions.run(watchCtx, regionSetInterval)
 	if watcher != nil {
 		go watcher.run(watchCtx, cfg.reload)
 	} else {
@@ -314,12 +352,11 @@ func (h *overrideHook) Override(subject limiter.Subject, policyID string, now ti
 }
 
 // newRedisClient is a standalone client for one address, a cluster client
-// for several. Context deadlines bound every call (the limiter's deadline).
-func newRedisClient(addrs []string) redis.UniversalClient {
-	if len(addrs) == 1 {
-		return redis.NewClient(&redis.Options{Addr: addrs[0], ContextTimeoutEnabled: true})
-	}
-	return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+// for several, with o's TLS and AUTH. Context deadlines bound every call
+// (the limiter's deadline).
+func newRedisClient(o redisconn.Options) redis.UniversalClient {
+	o.ContextTimeout = true
+	return o.New()
 }
 
 // loadKeys reads the --keys file strictly: a JSON object of API key ->
@@ -356,7 +393,7 @@ func loadKeys(path string) (map[string]httplimit.KeyInfo, error) {
 // keeping the last good version when the new one does not parse.
 type policyWatcher struct {
 	path    string
-	l       *limiter.Limiter
+	l       policySetter
 	log     *slog.Logger
 	reloads *prometheus.CounterVec
 
@@ -400,7 +437,10 @@ func (w *policyWatcher) check() {
 	w.log.Error("policy reload failed; keeping the last good policies", "file", w.path, "err", err)
 }
 
-func (w *policyWatcher) run(ctx context.Context, every time.Duration) {
+func (w *policyWatcher) run(ctx context.Context, every time.Duration) { tickEvery(ctx, every, w.check) }
+
+// tickEvery calls fn every interval until ctx ends.
+func tickEvery(ctx context.Context, every time.Duration, fn func()) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -408,7 +448,7 @@ func (w *policyWatcher) run(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			w.check()
+			fn()
 		}
 	}
 }

@@ -111,7 +111,7 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	}, []string{"result"})
 	regionReg.MustRegister(reloads)
 
-	stack, err := newLimiterStack(&cfg.limiterFlags, nil, nil, log, regionReg)
+	stack, err := newLimiterStack(ctx, &cfg.limiterFlags, env.lookupEnv, nil, nil, log, regionReg)
 	if err != nil {
 		return err
 	}

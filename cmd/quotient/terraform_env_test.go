@@ -17,13 +17,18 @@ import (
 const regionModule = "../../deploy/terraform/modules/region"
 
 // coordinatorEnv returns the environment variable of every flag of
-// `quotient coordinator`, and those of the flags a deployment must set:
+// `quotient coordinator` and every secret variable it reads, and those of the flags a deployment must set:
 // the ones documented as required, and redis and kafka, whose defaults are
 // loopback addresses for local runs only.
 func coordinatorEnv(t *testing.T) (known map[string]bool, required []string) {
 	t.Helper()
 	fs := coordinatorFlagSet(&coordinatorConfig{})
 	known = map[string]bool{}
+	// The secrets are environment variables and no flags (a flag value
+	// shows in ps); the modules pass them as ECS secrets.
+	for _, name := range secretEnv {
+		known[name] = true
+	}
 	fs.VisitAll(func(f *flag.Flag) {
 		known[envName(f.Name)] = true
 		if strings.Contains(f.Usage, "(required)") || f.Name == "redis" || f.Name == "kafka" {
@@ -47,6 +52,12 @@ func TestTerraformCoordinatorSettingsAreFlags(t *testing.T) {
 	require.NotEmpty(t, settings, "found no QUOTIENT_* setting in %s", regionModule)
 
 	problems, err := terraform.CheckCoordinatorEnv(regionModule, func(name string) bool { return known[name] }, required)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+
+	// Every resource that requires TLS (or SCRAM) of its clients gets the
+	// coordinator's setting for it, and the admin API gets listener TLS.
+	problems, err = terraform.CheckTransportSecurity(regionModule, regionModule, "../../deploy/terraform/modules/kafka")
 	require.NoError(t, err)
 	assert.Empty(t, problems)
 }

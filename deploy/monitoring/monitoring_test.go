@@ -19,7 +19,7 @@ var metricRef = regexp.MustCompile(`quotient_[a-z_]+`)
 func registered(t *testing.T) map[string]bool {
 	names := map[string]bool{}
 	decl := regexp.MustCompile(`Name: *"(quotient_[a-z_]+)"`)
-	for _, dir := range []string{"../../limiter", "../../region", "../../region/policysync"} {
+	for _, dir := range []string{"../../limiter", "../../region", "../../region/policysync", "../../cmd/quotient"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		require.NoError(t, err)
 		for _, f := range files {

@@ -15,6 +15,11 @@
 //     coordinator are known settings, and the required ones are all there.
 //     The set of known settings comes from the caller (cmd/quotient's test
 //     passes the real flag set), so this package does not import the binary.
+//   - CheckTransportSecurity: a resource that requires secured clients
+//     (ElastiCache in-transit encryption, MSK TLS or SCRAM) makes the
+//     coordinator module pass the matching setting (QUOTIENT_REDIS_TLS,
+//     QUOTIENT_KAFKA_TLS, QUOTIENT_KAFKA_SASL), and a module that serves
+//     the admin API passes listener TLS.
 //
 // What it does not do: it does not validate resource arguments against the
 // AWS provider schema (that needs the provider), does not plan or apply, and

@@ -264,3 +264,63 @@ func TestTflintRejectsUntypedVariable(t *testing.T) {
 	assert.Contains(t, out, "terraform_documented_variables")
 	assert.Contains(t, out, "terraform_unused_declarations")
 }
+
+// TestTransportSecurity: the region module passes the coordinator the TLS
+// settings that the resources of the tree require (ElastiCache in-transit
+// encryption, MSK's TLS listener, SCRAM) and listener TLS for the admin API.
+func TestTransportSecurity(t *testing.T) {
+	reqs, err := terraform.TransportRequirements("modules/region", "modules/kafka")
+	require.NoError(t, err)
+	var settings []string
+	for _, r := range reqs {
+		settings = append(settings, r.Resource+" "+r.Setting)
+	}
+	assert.ElementsMatch(t, []string{
+		"aws_elasticache_replication_group.this QUOTIENT_REDIS_TLS",
+		"aws_msk_cluster.this QUOTIENT_KAFKA_TLS",
+		"aws_msk_cluster.this QUOTIENT_KAFKA_SASL", // scram is computed from sasl_scram_secret_arns: it may be on
+	}, settings)
+	problems, err := terraform.CheckTransportSecurity("modules/region", "modules/region", "modules/kafka")
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
+// TestTransportSecurityForgotten breaks copies of the tree: a module that
+// requires TLS on a resource and does not pass the binary's setting for it
+// fails the check, naming the resource and the setting.
+func TestTransportSecurityForgotten(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, old, new, want string
+	}{
+		{"redis", "modules/region/main.tf", `    QUOTIENT_REDIS_TLS       = "true"` + "\n", "",
+			"aws_elasticache_replication_group.this requires secured clients (transit_encryption_enabled = true) but"},
+		{"kafka", "modules/region/main.tf", `    QUOTIENT_KAFKA_TLS       = "true"` + "\n", "",
+			`aws_msk_cluster.this requires secured clients (client_broker = "TLS")`},
+		{"scram", "modules/region/main.tf", `{ QUOTIENT_KAFKA_SASL = "SCRAM-SHA-512" }`, `{}`,
+			"aws_msk_cluster.this requires secured clients (client_authentication.sasl.scram)"},
+		{"listener", "modules/region/main.tf", `    QUOTIENT_LISTEN_TLS_CERT = local.listen_tls_cert_file` + "\n", "",
+			"QUOTIENT_LISTEN_TLS_CERT is not passed: the coordinator refuses bearer tokens in the clear"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := copyTree(t)
+			edit(t, filepath.Join(dir, tc.file), tc.old, tc.new, 1)
+			region, kafka := filepath.Join(dir, "modules/region"), filepath.Join(dir, "modules/kafka")
+			problems, err := terraform.CheckTransportSecurity(region, region, kafka)
+			require.NoError(t, err)
+			require.Len(t, problems, 1, "%v", problems)
+			assert.Contains(t, problems[0].String(), tc.want)
+			assert.Equal(t, terraform.CheckNameTransport, problems[0].Check)
+		})
+	}
+
+	// MSK's default is TLS: a cluster without the encryption block still
+	// requires it; plaintext does not.
+	dir := copyTree(t)
+	kafkaMain := filepath.Join(dir, "modules/kafka/main.tf")
+	edit(t, kafkaMain, `client_broker = "TLS"`, `client_broker = "PLAINTEXT"`, 1)
+	reqs, err := terraform.TransportRequirements(filepath.Join(dir, "modules/kafka"))
+	require.NoError(t, err)
+	for _, r := range reqs {
+		assert.NotEqual(t, "QUOTIENT_KAFKA_TLS", r.Setting)
+	}
+}

@@ -22,6 +22,13 @@
 //     retention removed a reader's offset, topics and partitions that appear
 //     later found by polling with a capped backoff, messages handed to the
 //     caller's goroutine one at a time, the first error stopping everything.
+//   - Transport security: every connection of a Cluster (its Transport,
+//     its readers' Dialer) uses Config.TLS and Config.SASL; NewSASL builds
+//     PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512, and Cluster.Check tells a
+//     TLS failure, a refused SASL authentication and an outage apart at
+//     start-up. AWS MSK IAM (SASL OAUTHBEARER with a token from AWS's
+//     signer) is in the subpackage mskiam, so that only the binaries that
+//     offer it link the AWS SDK.
 //   - The settings every bus shares, defaulted and checked in one place
 //     (BusConfig.Fill), and the MirrorMaker 2 topic names (MirroredTopics).
 //

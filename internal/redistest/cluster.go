@@ -187,12 +187,14 @@ func (c *Cluster) Nodes() []*Server {
 }
 
 // Client returns a go-redis cluster client seeded with every node, created
-// on first use with go-redis defaults and closed when the owning test ends.
+// on first use with go-redis defaults (and the TLS and password of WithTLS
+// and WithPassword) and closed when the owning test ends.
 func (c *Cluster) Client() *redis.ClusterClient {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.client == nil {
-		c.client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+		n := c.nodes[0]
+		c.client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), TLSConfig: n.tlsCfg, Password: n.cfg.password})
 	}
 	return c.client
 }

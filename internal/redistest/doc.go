@@ -2,6 +2,8 @@
 // standalone server ([StartServer]) or a three-primary Redis Cluster
 // ([StartCluster]), each on free loopback ports (127.0.0.1), each in its own
 // temporary directory, and stops them when the test that started them ends.
+// With [WithTLS] a server (or every node) serves TLS only, with
+// [WithPassword] it requires AUTH; its own probe and clients follow.
 //
 // It is for tests only: nothing outside _test.go files (and other test-helper
 // packages) may import it.

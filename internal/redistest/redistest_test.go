@@ -26,7 +26,7 @@ func testCtx(t *testing.T) context.Context {
 // requireDown asserts that nothing answers on addr.
 func requireDown(t *testing.T, ctx context.Context, addr string) {
 	t.Helper()
-	_, err := probePID(ctx, addr)
+	_, err := probePID(ctx, addr, nil, "")
 	require.Error(t, err, "a server still answers on %s", addr)
 }
 
@@ -156,7 +156,7 @@ func TestStartRetriesWhenPortTaken(t *testing.T) {
 	assert.NotEqual(t, held, s.Port())
 	assert.NotEqual(t, other.Port(), s.Port())
 
-	pid, err := probePID(ctx, s.Addr())
+	pid, err := probePID(ctx, s.Addr(), nil, "")
 	require.NoError(t, err)
 	assert.Equal(t, s.proc.cmd.Process.Pid, pid)
 	assert.Contains(t, s.log.lastLines(100), "Address already in use")

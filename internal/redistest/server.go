@@ -3,6 +3,7 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -44,6 +45,8 @@ type Option func(*config)
 
 type config struct {
 	extraArgs    []string
+	tls          *TLS   // WithTLS; nil: plaintext
+	password     string // WithPassword; empty: no AUTH
 	startTimeout time.Duration
 	// pickPort returns a port to try; cluster is set when port+10000 (the
 	// cluster bus) must be free too. Tests of this package replace it.
@@ -61,8 +64,8 @@ func newConfig(opts []Option) config {
 // WithArgs appends redis-server command-line arguments, for example
 // WithArgs("--maxmemory", "10mb", "--maxmemory-policy", "allkeys-lru").
 // They come after this package's own arguments and so override them; do not
-// override --port or --bind, and do not require a password (the readiness
-// probe does not authenticate).
+// override --port or --bind, and set a password with WithPassword rather
+// than --requirepass (the readiness probe must know it).
 func WithArgs(args ...string) Option {
 	return func(c *config) { c.extraArgs = append(c.extraArgs, args...) }
 }
@@ -91,6 +94,7 @@ type Server struct {
 	bin     string
 	cluster bool
 	cfg     config
+	tlsCfg  *tls.Config // this package's clients' TLS; nil without WithTLS
 	log     *tailBuffer
 
 	mu     sync.Mutex // guards proc and ended; held across stop and start
@@ -127,7 +131,12 @@ func startServer(t testing.TB, cfg config, cluster bool) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redistest: redis-server not found: %s", installHint)
 	}
+	tlsCfg, err := cfg.clientTLS()
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
+		tlsCfg:  tlsCfg,
 		dir:     t.TempDir(),
 		bin:     bin,
 		cluster: cluster,
@@ -165,13 +174,14 @@ func (s *Server) Addr() string { return s.addr }
 func (s *Server) Port() int { return s.port }
 
 // Client returns a go-redis client for this server, created on first use
-// with go-redis defaults and closed when the owning test ends. It survives
+// with go-redis defaults (and the TLS and password of WithTLS and
+// WithPassword) and closed when the owning test ends. It survives
 // Stop and Restart: its next command after a Restart reconnects.
 func (s *Server) Client() *redis.Client {
 	s.cliMu.Lock()
 	defer s.cliMu.Unlock()
 	if s.client == nil {
-		s.client = redis.NewClient(&redis.Options{Addr: s.addr})
+		s.client = redis.NewClient(&redis.Options{Addr: s.addr, TLSConfig: s.tlsCfg, Password: s.cfg.password})
 	}
 	return s.client
 }
@@ -260,8 +270,7 @@ func (s *Server) cleanup(t testing.TB) {
 
 // args returns the command line of the server.
 func (s *Server) args() []string {
-	a := []string{
-		"--port", strconv.Itoa(s.port),
+	a := append(s.cfg.tlsArgs(s.port, s.cluster),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--save", "",
@@ -273,6 +282,9 @@ func (s *Server) args() []string {
 		// at the default 10 every stop would take up to 100 ms. An idle
 		// server at 100 uses about 0.7% of a core.
 		"--hz", "100",
+	)
+	if s.cfg.password != "" {
+		a = append(a, "--requirepass", s.cfg.password)
 	}
 	if s.cluster {
 		a = append(a,
@@ -318,7 +330,7 @@ func (s *Server) launch(deadline time.Time) (*process, error) {
 	ticker := time.NewTicker(pollInterval)
 	defer ticker.Stop()
 	for {
-		if pid, err := probePID(ctx, s.addr); err == nil && pid == cmd.Process.Pid {
+		if pid, err := probePID(ctx, s.addr, s.tlsCfg, s.cfg.password); err == nil && pid == cmd.Process.Pid {
 			return p, nil
 		}
 		select {
@@ -362,10 +374,17 @@ func (p *process) stop(grace time.Duration) {
 // fresh connection: one dial, no retries, so that a refused connection is
 // reported at once. It speaks the few lines of RESP2 it needs itself rather
 // than through go-redis, whose pool logs every failed dial to a process-wide
-// logger and backs off after dial errors.
-func probePID(ctx context.Context, addr string) (int, error) {
+// logger and backs off after dial errors. With tlsCfg it speaks TLS, with
+// password it authenticates first.
+func probePID(ctx context.Context, addr string, tlsCfg *tls.Config, password string) (int, error) {
 	d := net.Dialer{Timeout: 200 * time.Millisecond}
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	var conn net.Conn
+	var err error
+	if tlsCfg != nil {
+		conn, err = (&tls.Dialer{NetDialer: &d, Config: tlsCfg}).DialContext(ctx, "tcp", addr)
+	} else {
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -379,10 +398,22 @@ func probePID(ctx context.Context, addr string) (int, error) {
 	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
 	defer stop()
+	r := bufio.NewReader(conn)
+	if password != "" {
+		if _, err := fmt.Fprintf(conn, "*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n", len(password), password); err != nil {
+			return 0, err
+		}
+		ok, err := r.ReadString('\n')
+		if err != nil {
+			return 0, err
+		}
+		if ok != "+OK\r\n" {
+			return 0, fmt.Errorf("redistest: AUTH answered %q", strings.TrimSpace(ok))
+		}
+	}
 	if _, err := io.WriteString(conn, "*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n"); err != nil {
 		return 0, err
 	}
-	r := bufio.NewReader(conn)
 	head, err := r.ReadString('\n')
 	if err != nil {
 		return 0, err

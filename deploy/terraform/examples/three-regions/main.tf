@@ -87,6 +87,13 @@ module "region_us_east_1" {
   kafka_bootstrap_brokers = module.kafka_us_east_1.bootstrap_brokers_tls_list
 
   admin_tokens_secret_arn = var.admin_tokens_secret_arns["us-east-1"]
+
+  # Transport security, the documented defaults: TLS to Redis and Kafka
+  # (set by the module), HTTPS on the coordinators' listener from these
+  # secrets, Redis AUTH where a token is given.
+  coordinator_tls_cert_secret_arn = var.coordinator_tls_secret_arns["us-east-1"].cert
+  coordinator_tls_key_secret_arn  = var.coordinator_tls_secret_arns["us-east-1"].key
+  redis_auth_token_secret_arn     = lookup(var.redis_auth_token_secret_arns, "us-east-1", null)
 }
 
 # ---------------------------------------------------------------- eu-west-1
@@ -142,6 +149,13 @@ module "region_eu_west_1" {
   kafka_bootstrap_brokers = module.kafka_eu_west_1.bootstrap_brokers_tls_list
 
   admin_tokens_secret_arn = var.admin_tokens_secret_arns["eu-west-1"]
+
+  # Transport security, the documented defaults: TLS to Redis and Kafka
+  # (set by the module), HTTPS on the coordinators' listener from these
+  # secrets, Redis AUTH where a token is given.
+  coordinator_tls_cert_secret_arn = var.coordinator_tls_secret_arns["eu-west-1"].cert
+  coordinator_tls_key_secret_arn  = var.coordinator_tls_secret_arns["eu-west-1"].key
+  redis_auth_token_secret_arn     = lookup(var.redis_auth_token_secret_arns, "eu-west-1", null)
 }
 
 # ---------------------------------------------------------------- ap-south-1
@@ -197,4 +211,11 @@ module "region_ap_south_1" {
   kafka_bootstrap_brokers = module.kafka_ap_south_1.bootstrap_brokers_tls_list
 
   admin_tokens_secret_arn = var.admin_tokens_secret_arns["ap-south-1"]
+
+  # Transport security, the documented defaults: TLS to Redis and Kafka
+  # (set by the module), HTTPS on the coordinators' listener from these
+  # secrets, Redis AUTH where a token is given.
+  coordinator_tls_cert_secret_arn = var.coordinator_tls_secret_arns["ap-south-1"].cert
+  coordinator_tls_key_secret_arn  = var.coordinator_tls_secret_arns["ap-south-1"].key
+  redis_auth_token_secret_arn     = lookup(var.redis_auth_token_secret_arns, "ap-south-1", null)
 }

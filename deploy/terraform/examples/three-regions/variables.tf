@@ -56,6 +56,30 @@ variable "admin_tokens_secret_arns" {
   }
 }
 
+variable "coordinator_tls_secret_arns" {
+  type = map(object({
+    cert = string
+    key  = string
+  }))
+  description = "Per region, the Secrets Manager secrets (in that region) holding the PEM certificate chain and the PEM key the coordinators' HTTPS listener (admin API, metrics, health) serves: the documented default is TLS on every listener. See modules/region/README.md."
+
+  validation {
+    condition     = toset(keys(var.coordinator_tls_secret_arns)) == toset(["us-east-1", "eu-west-1", "ap-south-1"])
+    error_message = "coordinator_tls_secret_arns must have exactly the keys us-east-1, eu-west-1 and ap-south-1."
+  }
+
+  validation {
+    condition     = alltrue([for r, s in var.coordinator_tls_secret_arns : can(regex("^arn:aws[a-z-]*:secretsmanager:${r}:[0-9]{12}:secret:", s.cert)) && can(regex("^arn:aws[a-z-]*:secretsmanager:${r}:[0-9]{12}:secret:", s.key))])
+    error_message = "coordinator_tls_secret_arns: cert and key must be ARNs of Secrets Manager secrets in the region of their key."
+  }
+}
+
+variable "redis_auth_token_secret_arns" {
+  type        = map(string)
+  description = "Per region (optional), the Secrets Manager secret holding the ElastiCache AUTH token; regions left out use TLS without AUTH."
+  default     = {}
+}
+
 variable "mirror_plugins" {
   type = map(object({
     s3_bucket_arn = string

@@ -8,6 +8,13 @@ locals {
   tags = merge(var.tags, {
     "quotient:region" = var.region
   })
+
+  scram = length(var.sasl_scram_secret_arns) > 0
+  # MirrorMaker 2 (mirror.tf) speaks TLS without SASL, to this cluster and
+  # from the peers': with mirroring or peers, unauthenticated TLS stays on
+  # beside SCRAM.
+  unauthenticated = !local.scram || length(var.replication_sources) > 0 || length(var.peer_cidr_blocks) > 0
+  client_port_max = local.scram ? 9096 : 9094
 }
 
 resource "aws_security_group" "kafka" {
@@ -21,10 +28,10 @@ resource "aws_vpc_security_group_ingress_rule" "kafka_from_clients" {
   count = length(var.client_security_group_ids)
 
   security_group_id            = aws_security_group.kafka.id
-  description                  = "Kafka TLS from coordinators"
+  description                  = "Kafka TLS (9094) and, with SCRAM, SASL/SCRAM over TLS (9096) from coordinators"
   ip_protocol                  = "tcp"
   from_port                    = 9094
-  to_port                      = 9094
+  to_port                      = local.client_port_max
   referenced_security_group_id = var.client_security_group_ids[count.index]
 }
 
@@ -32,10 +39,10 @@ resource "aws_vpc_security_group_ingress_rule" "kafka_from_peers" {
   count = length(var.peer_cidr_blocks)
 
   security_group_id = aws_security_group.kafka.id
-  description       = "Kafka TLS from peer regions (MirrorMaker 2 or shared-cluster coordinators)"
+  description       = "Kafka TLS (and SASL/SCRAM) from peer regions (MirrorMaker 2 or shared-cluster coordinators)"
   ip_protocol       = "tcp"
   from_port         = 9094
-  to_port           = 9094
+  to_port           = local.client_port_max
   cidr_ipv4         = var.peer_cidr_blocks[count.index]
 }
 
@@ -94,9 +101,11 @@ resource "aws_msk_cluster" "this" {
     revision = aws_msk_configuration.this.latest_revision
   }
 
-  # TLS between clients and brokers and inside the cluster. Clients are not
-  # authenticated: the security group admits only coordinators, MirrorMaker
-  # and peer regions.
+  # TLS between clients and brokers and inside the cluster. Clients are
+  # authenticated with SASL/SCRAM when sasl_scram_secret_arns is set;
+  # otherwise not, and the security group alone admits only coordinators,
+  # MirrorMaker and peer regions. The region module passes the matching
+  # QUOTIENT_KAFKA_TLS and QUOTIENT_KAFKA_SASL (deploy/terraform checks).
   encryption_info {
     encryption_in_transit {
       client_broker = "TLS"
@@ -105,7 +114,11 @@ resource "aws_msk_cluster" "this" {
   }
 
   client_authentication {
-    unauthenticated = true
+    unauthenticated = local.unauthenticated
+
+    sasl {
+      scram = local.scram
+    }
   }
 
   open_monitoring {
@@ -129,4 +142,10 @@ resource "aws_msk_cluster" "this" {
   }
 
   tags = local.tags
+}
+
+resource "aws_msk_scram_secret_association" "this" {
+  count           = local.scram ? 1 : 0
+  cluster_arn     = aws_msk_cluster.this.arn
+  secret_arn_list = var.sasl_scram_secret_arns
 }

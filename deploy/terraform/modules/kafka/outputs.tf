@@ -13,6 +13,11 @@ output "bootstrap_brokers_tls_list" {
   value       = split(",", aws_msk_cluster.this.bootstrap_brokers_tls)
 }
 
+output "bootstrap_brokers_sasl_scram_list" {
+  description = "SASL/SCRAM bootstrap brokers (TLS, port 9096) as a list of host:port, for the region module's kafka_bootstrap_brokers when sasl_scram_secret_arns is set; empty otherwise."
+  value       = length(var.sasl_scram_secret_arns) > 0 ? split(",", aws_msk_cluster.this.bootstrap_brokers_sasl_scram) : []
+}
+
 output "security_group_id" {
   description = "Security group of the brokers."
   value       = aws_security_group.kafka.id

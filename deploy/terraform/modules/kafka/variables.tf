@@ -199,3 +199,14 @@ variable "tags" {
   description = "Tags added to every resource of this module."
   default     = {}
 }
+
+variable "sasl_scram_secret_arns" {
+  type        = list(string)
+  description = "MSK SCRAM secrets (Secrets Manager, names starting with AmazonMSK_, JSON {\"username\", \"password\"}, encrypted with a customer-managed KMS key, as MSK requires) to associate with the cluster. Non-empty turns on SASL/SCRAM client authentication (brokers on port 9096, output bootstrap_brokers_sasl_scram_list) and turns off unauthenticated access unless MirrorMaker 2 or peer regions use the cluster (replication_sources or peer_cidr_blocks set: MirrorMaker 2 speaks TLS without SASL here); give the coordinators' secret to the region module's kafka_sasl_scram_secret_arn. Empty (the default): TLS only, no client authentication."
+  default     = []
+
+  validation {
+    condition     = alltrue([for a in var.sasl_scram_secret_arns : can(regex("^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:AmazonMSK_[A-Za-z0-9/_+=.@-]+$", a))])
+    error_message = "sasl_scram_secret_arns must hold Secrets Manager secret ARNs whose names start with AmazonMSK_ (MSK requires the prefix)."
+  }
+}

@@ -50,15 +50,15 @@ data "aws_iam_policy_document" "execution_secrets" {
   statement {
     sid       = "ReadAdminTokens"
     actions   = ["secretsmanager:GetSecretValue"]
-    resources = [var.admin_tokens_secret_arn]
+    resources = local.task_secret_arns
   }
 
   dynamic "statement" {
-    for_each = var.admin_tokens_kms_key_arn == null ? [] : [var.admin_tokens_kms_key_arn]
+    for_each = var.admin_tokens_kms_key_arn == null && length(var.secrets_kms_key_arns) == 0 ? [] : [compact(concat([var.admin_tokens_kms_key_arn], var.secrets_kms_key_arns))]
     content {
       sid       = "DecryptAdminTokens"
       actions   = ["kms:Decrypt"]
-      resources = [statement.value]
+      resources = statement.value
     }
   }
 }
@@ -114,14 +114,15 @@ resource "aws_ecs_task_definition" "coordinator" {
       essential  = false
       user       = "0"
       entryPoint = ["sh", "-c"]
-      command    = ["umask 0222 && printf '%s\\n' \"$ADMIN_TOKENS\" > '${local.admin_tokens_file}.tmp' && mv '${local.admin_tokens_file}.tmp' '${local.admin_tokens_file}'"]
+      # It writes the listener's certificate and key (and the admin
+      # client CA, when set) the same way; the key is 0444 too, since the
+      # volume is this task's alone and the coordinator's user must read it.
+      command = [join(" && ", concat(
+        ["umask 0222"],
+        [for f in local.startup_files : format("printf '%%s\\n' \"$%s\" > '%s.tmp' && mv '%s.tmp' '%s'", f.env, f.path, f.path, f.path)],
+      ))]
 
-      secrets = [
-        {
-          name      = "ADMIN_TOKENS"
-          valueFrom = var.admin_tokens_secret_arn
-        }
-      ]
+      secrets = [for f in local.startup_files : { name = f.env, valueFrom = f.secret }]
 
       mountPoints = [
         {
@@ -163,11 +164,24 @@ resource "aws_ecs_task_definition" "coordinator" {
       ]
 
       environment = [
-        for name in sort(keys(local.coordinator_env)) : {
+        for name in sort(keys(local.coordinator_env_all)) : {
           name  = name
-          value = local.coordinator_env[name]
+          value = local.coordinator_env_all[name]
         }
       ]
+
+      # Secrets as environment variables, never flags (ps would show a
+      # flag's value): the Redis AUTH token and the MSK SCRAM credentials
+      # (JSON keys of the AmazonMSK_ secret).
+      secrets = concat(
+        var.redis_auth_token_secret_arn == null ? [] : [
+          { name = "QUOTIENT_REDIS_PASSWORD", valueFrom = var.redis_auth_token_secret_arn },
+        ],
+        var.kafka_sasl_scram_secret_arn == null ? [] : [
+          { name = "QUOTIENT_KAFKA_SASL_USER", valueFrom = "${var.kafka_sasl_scram_secret_arn}:username::" },
+          { name = "QUOTIENT_KAFKA_SASL_PASSWORD", valueFrom = "${var.kafka_sasl_scram_secret_arn}:password::" },
+        ],
+      )
 
       # Gossip uses both protocols on one port (memberlist: UDP probes and
       # gossip, TCP joins and state sync); on awsvpc the mappings document
@@ -191,10 +205,13 @@ resource "aws_ecs_task_definition" "coordinator" {
         }
       ]
 
-      # /healthz answers 200 while the process serves; the image must
-      # carry wget (busybox or distroless/base-debug do).
+      # /healthz answers 200 while the process serves, over TLS: the
+      # image must carry a wget that speaks HTTPS (busybox 1.33+ or
+      # distroless/base-debug do). The certificate is for the service's
+      # name, not 127.0.0.1, hence --no-check-certificate; /healthz needs
+      # no client certificate.
       healthCheck = {
-        command     = ["CMD-SHELL", "wget -q -O /dev/null http://127.0.0.1:${var.coordinator_port}/healthz || exit 1"]
+        command     = ["CMD-SHELL", "wget -q --no-check-certificate -O /dev/null https://127.0.0.1:${var.coordinator_port}/healthz || exit 1"]
         interval    = 10
         timeout     = 3
         retries     = 3

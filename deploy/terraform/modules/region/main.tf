@@ -38,7 +38,56 @@ locals {
     # tokens the admin-tokens container wrote from the secret.
     QUOTIENT_POLICY_LOG        = "true"
     QUOTIENT_ADMIN_TOKENS_FILE = local.admin_tokens_file
+
+    # Transport security: ElastiCache encrypts in transit (redis.tf) and
+    # MSK serves TLS (modules/kafka). Both certificates chain to Amazon's
+    # public roots, which the image's system roots hold, so no CA file and
+    # no server name: each host's own name is verified. The listener
+    # serves TLS only, from the files the start-up container writes; the
+    # coordinator refuses the admin API in the clear on a non-loopback
+    # address. deploy/terraform's transport check keeps these in step
+    # with the resources.
+    QUOTIENT_REDIS_TLS       = "true"
+    QUOTIENT_KAFKA_TLS       = "true"
+    QUOTIENT_LISTEN_TLS_CERT = local.listen_tls_cert_file
+    QUOTIENT_LISTEN_TLS_KEY  = local.listen_tls_key_file
   }
+
+  # Settings that depend on optional inputs. The secrets themselves
+  # (QUOTIENT_REDIS_PASSWORD, QUOTIENT_KAFKA_SASL_USER and
+  # QUOTIENT_KAFKA_SASL_PASSWORD) are ECS secrets (coordinator.tf).
+  coordinator_env_optional = merge(
+    var.kafka_sasl_scram_secret_arn == null ? {} : { QUOTIENT_KAFKA_SASL = "SCRAM-SHA-512" },
+    var.admin_client_ca_secret_arn == null ? {} : {
+      QUOTIENT_LISTEN_TLS_CLIENT_CA = local.admin_client_ca_file
+      QUOTIENT_ADMIN_CLIENT_CERT    = "true"
+    },
+  )
+  coordinator_env_all = merge(local.coordinator_env, local.coordinator_env_optional)
+
+  # Written by the start-up container next to the token file.
+  listen_tls_cert_file = "${local.admin_tokens_dir}/listen-cert.pem"
+  listen_tls_key_file  = "${local.admin_tokens_dir}/listen-key.pem"
+  admin_client_ca_file = "${local.admin_tokens_dir}/admin-client-ca.pem"
+
+  # The files the start-up container writes: environment variable (the
+  # secret's value), path, secret.
+  startup_files = concat(
+    [
+      { env = "ADMIN_TOKENS", path = local.admin_tokens_file, secret = var.admin_tokens_secret_arn },
+      { env = "LISTEN_TLS_CERT", path = local.listen_tls_cert_file, secret = var.coordinator_tls_cert_secret_arn },
+      { env = "LISTEN_TLS_KEY", path = local.listen_tls_key_file, secret = var.coordinator_tls_key_secret_arn },
+    ],
+    var.admin_client_ca_secret_arn == null ? [] : [
+      { env = "ADMIN_CLIENT_CA", path = local.admin_client_ca_file, secret = var.admin_client_ca_secret_arn },
+    ],
+  )
+
+  # Every secret the execution role reads when a task starts.
+  task_secret_arns = compact([
+    var.admin_tokens_secret_arn, var.coordinator_tls_cert_secret_arn, var.coordinator_tls_key_secret_arn,
+    var.admin_client_ca_secret_arn, var.redis_auth_token_secret_arn, var.kafka_sasl_scram_secret_arn,
+  ])
 
   # Known at plan time, so coordinator_environment is too.
   discovery_namespace = coalesce(var.discovery_namespace, "${local.name}.internal")

@@ -40,7 +40,7 @@ output "coordinator_log_group_name" {
 
 output "coordinator_environment" {
   description = "QUOTIENT_* settings passed to every coordinator task."
-  value       = local.coordinator_env
+  value       = local.coordinator_env_all
 }
 
 output "coordinator_dns_name" {
@@ -50,7 +50,7 @@ output "coordinator_dns_name" {
 
 output "coordinator_admin_url" {
   description = "Base URL of the admin API (any replica serves it), for the quotient CLI (--server) from a host in admin_security_group_ids."
-  value       = "http://${local.coordinator_dns}:${var.coordinator_port}"
+  value       = "https://${local.coordinator_dns}:${var.coordinator_port}"
 }
 
 output "discovery_namespace_id" {

@@ -33,6 +33,11 @@ resource "aws_elasticache_parameter_group" "this" {
   }
 }
 
+data "aws_secretsmanager_secret_version" "redis_auth" {
+  count     = var.redis_auth_token_secret_arn == null ? 0 : 1
+  secret_id = var.redis_auth_token_secret_arn
+}
+
 resource "aws_elasticache_replication_group" "this" {
   replication_group_id = "${local.name}-redis"
   description          = "Quotient buckets, shares and daily counters in ${var.region}"
@@ -55,6 +60,11 @@ resource "aws_elasticache_replication_group" "this" {
   transit_encryption_enabled = true
   transit_encryption_mode    = var.redis_transit_encryption_mode
   at_rest_encryption_enabled = true
+
+  # AUTH with a token from Secrets Manager, when given; the coordinators
+  # get it as QUOTIENT_REDIS_PASSWORD (coordinator.tf).
+  auth_token                 = var.redis_auth_token_secret_arn == null ? null : data.aws_secretsmanager_secret_version.redis_auth[0].secret_string
+  auth_token_update_strategy = var.redis_auth_token_secret_arn == null ? null : "ROTATE"
 
   snapshot_retention_limit   = var.redis_snapshot_retention_days
   auto_minor_version_upgrade = true

@@ -352,3 +352,67 @@ variable "tags" {
   description = "Tags added to every resource of this module."
   default     = {}
 }
+
+variable "coordinator_tls_cert_secret_arn" {
+  type        = string
+  description = "ARN of the Secrets Manager secret whose value is the PEM certificate chain the coordinators' HTTP listener (admin API, /metrics, health) serves TLS with. The start-up container writes it to QUOTIENT_LISTEN_TLS_CERT; the coordinator re-reads the file when it changes, and ECS re-reads the secret when a task starts."
+
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+$", var.coordinator_tls_cert_secret_arn))
+    error_message = "coordinator_tls_cert_secret_arn must be a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>)."
+  }
+}
+
+variable "coordinator_tls_key_secret_arn" {
+  type        = string
+  description = "ARN of the Secrets Manager secret whose value is the PEM private key of coordinator_tls_cert_secret_arn (written to QUOTIENT_LISTEN_TLS_KEY, readable by the coordinator only)."
+
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+$", var.coordinator_tls_key_secret_arn))
+    error_message = "coordinator_tls_key_secret_arn must be a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>)."
+  }
+}
+
+variable "admin_client_ca_secret_arn" {
+  type        = string
+  description = "ARN of a Secrets Manager secret holding a PEM bundle of CAs: when set, the admin API also requires a client certificate signed by one of them (QUOTIENT_LISTEN_TLS_CLIENT_CA, QUOTIENT_ADMIN_CLIENT_CERT); /metrics and the health endpoints do not. null (the default): bearer tokens over TLS only."
+  default     = null
+
+  validation {
+    condition     = var.admin_client_ca_secret_arn == null || can(regex("^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+$", var.admin_client_ca_secret_arn))
+    error_message = "admin_client_ca_secret_arn must be null or be a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>)."
+  }
+}
+
+variable "redis_auth_token_secret_arn" {
+  type        = string
+  description = "ARN of a Secrets Manager secret whose value is the ElastiCache AUTH token (16 to 128 printable characters): set on the replication group and passed to the coordinators as the secret variable QUOTIENT_REDIS_PASSWORD (never a flag). The token is read at plan time into the Terraform state, as any auth_token is: protect the state. null (the default): no AUTH, TLS only."
+  default     = null
+
+  validation {
+    condition     = var.redis_auth_token_secret_arn == null || can(regex("^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+$", var.redis_auth_token_secret_arn))
+    error_message = "redis_auth_token_secret_arn must be null or be a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>)."
+  }
+}
+
+variable "kafka_sasl_scram_secret_arn" {
+  type        = string
+  description = "ARN of the MSK SCRAM secret (name AmazonMSK_..., JSON {\"username\", \"password\"}, associated with the cluster by modules/kafka sasl_scram_secret_arns): the coordinators authenticate with SASL SCRAM-SHA-512 (QUOTIENT_KAFKA_SASL, and the secret variables QUOTIENT_KAFKA_SASL_USER and QUOTIENT_KAFKA_SASL_PASSWORD); kafka_bootstrap_brokers must then be the SASL/SCRAM brokers (port 9096). null (the default): TLS only."
+  default     = null
+
+  validation {
+    condition     = var.kafka_sasl_scram_secret_arn == null || can(regex("^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+$", var.kafka_sasl_scram_secret_arn))
+    error_message = "kafka_sasl_scram_secret_arn must be null or be a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>)."
+  }
+}
+
+variable "secrets_kms_key_arns" {
+  type        = list(string)
+  description = "Customer-managed KMS keys that encrypt the TLS, Redis AUTH or Kafka SCRAM secrets above (MSK requires one for SCRAM secrets): the task execution role may kms:Decrypt with them. Empty (the default) when they use aws/secretsmanager."
+  default     = []
+
+  validation {
+    condition     = alltrue([for k in var.secrets_kms_key_arns : can(regex("^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[0-9a-f-]+$", k))])
+    error_message = "secrets_kms_key_arns must hold KMS key ARNs (arn:aws:kms:<region>:<account>:key/<id>)."
+  }
+}

@@ -33,6 +33,9 @@ variables {
   coordinator_image          = "repo/quotient:v1"
   kafka_bootstrap_brokers    = ["b-1:9094"]
   admin_tokens_secret_arn    = "arn:aws:secretsmanager:us-east-1:123456789012:secret:quotient-admin-AbCdEf"
+
+  coordinator_tls_cert_secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:quotient-tls-cert-AbCdEf"
+  coordinator_tls_key_secret_arn  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:quotient-tls-key-AbCdEf"
 }
 
 run "settings" {
@@ -54,15 +57,27 @@ run "settings" {
     error_message = "containers"
   }
   assert {
-    condition     = jsondecode(aws_ecs_task_definition.coordinator.container_definitions)[0].command[0] == "umask 0222 && printf '%s\\n' \"$ADMIN_TOKENS\" > '/run/quotient/admin-tokens.tmp' && mv '/run/quotient/admin-tokens.tmp' '/run/quotient/admin-tokens'"
+    condition     = jsondecode(aws_ecs_task_definition.coordinator.container_definitions)[0].command[0] == "umask 0222 && printf '%s\\n' \"$ADMIN_TOKENS\" > '/run/quotient/admin-tokens.tmp' && mv '/run/quotient/admin-tokens.tmp' '/run/quotient/admin-tokens' && printf '%s\\n' \"$LISTEN_TLS_CERT\" > '/run/quotient/listen-cert.pem.tmp' && mv '/run/quotient/listen-cert.pem.tmp' '/run/quotient/listen-cert.pem' && printf '%s\\n' \"$LISTEN_TLS_KEY\" > '/run/quotient/listen-key.pem.tmp' && mv '/run/quotient/listen-key.pem.tmp' '/run/quotient/listen-key.pem'"
     error_message = "cmd: ${jsondecode(aws_ecs_task_definition.coordinator.container_definitions)[0].command[0]}"
+  }
+  assert {
+    condition     = output.coordinator_environment["QUOTIENT_REDIS_TLS"] == "true" && output.coordinator_environment["QUOTIENT_KAFKA_TLS"] == "true"
+    error_message = "redis and kafka TLS"
+  }
+  assert {
+    condition     = output.coordinator_environment["QUOTIENT_LISTEN_TLS_CERT"] == "/run/quotient/listen-cert.pem" && output.coordinator_environment["QUOTIENT_LISTEN_TLS_KEY"] == "/run/quotient/listen-key.pem"
+    error_message = "listener TLS"
+  }
+  assert {
+    condition     = !contains(keys(output.coordinator_environment), "QUOTIENT_KAFKA_SASL")
+    error_message = "no SCRAM without kafka_sasl_scram_secret_arn"
   }
   assert {
     condition     = toset(keys(aws_vpc_security_group_ingress_rule.coordinator_gossip)) == toset(["tcp", "udp"])
     error_message = "gossip rules"
   }
   assert {
-    condition     = output.coordinator_admin_url == "http://coordinator.quotient-us-east-1.internal:9090"
+    condition     = output.coordinator_admin_url == "https://coordinator.quotient-us-east-1.internal:9090"
     error_message = "url"
   }
 }

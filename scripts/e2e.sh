@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The end-to-end test of the shipped binaries (package e2e), alone and
+# without the race detector (the processes are the product; the test only
+# paces clients). Prints the test's own lines; on failure, the last 300
+# lines of the full log (out/e2e.log), which hold each process's log tail.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p out
+go test -count=1 -timeout 20m -v "${@:-./e2e/}" > out/e2e.log 2>&1
+rc=$?
+grep -E '^(=== RUN|--- |\s+(binaries|readme)_test.go|ok|FAIL|PASS|panic)' out/e2e.log
+if [ $rc -ne 0 ]; then
+  echo "e2e: FAILED (exit $rc); the last lines of out/e2e.log:"
+  tail -n 300 out/e2e.log
+fi
+exit $rc
