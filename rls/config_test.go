@@ -313,3 +313,16 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// The shipped example loads and means what its comments say.
+func TestExampleConfig(t *testing.T) {
+	c, err := LoadDir(filepath.Join("..", "examples", "envoy", "runtime", "ratelimit", DefaultAppDirectory), ParseOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, uint32(100), c.Lookup("edge", es("remote_address", "203.0.113.9")).Rule.RequestsPerUnit)
+	assert.Nil(t, c.Lookup("edge", es("remote_address", "192.0.2.66")).Rule.Policy(), "blocked")
+	a := c.Lookup("edge", es("api_key", "k1", "path", "/api/v1/a"))
+	b := c.Lookup("edge", es("api_key", "k1", "path", "/api/v2/b"))
+	require.NotNil(t, a.Rule)
+	assert.Equal(t, a.Values, b.Values, "one counter per key for all of /api/")
+	assert.True(t, c.Lookup("edge", es("path", "/healthz")).Rule.Unlimited)
+}
