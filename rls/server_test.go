@@ -196,6 +196,20 @@ func TestServerCorpus(t *testing.T) {
 				assert.Equal(t, []string{"OK/0"}, summary(h.call(t, "soft", d("sku", "h1"))))
 				// A repeated descriptor adds its hits to one counter.
 				assert.Equal(t, []string{"OK/1", "OK/1"}, summary(h.call(t, "soft", d("sku", "h2"), d("sku", "h2"))))
+				// Different hits are decided one cost at a time, in request
+				// order: a rejection leaves what came before consumed and
+				// only peeks what comes after.
+				big := func(v string) *ratelimitv3.RateLimitDescriptor {
+					x := d("sku", v)
+					x.HitsAddend = wrapperspb.UInt64(5)
+					return x
+				}
+				resp := h.call(t, "soft", d("sku", "m1"), big("m2"))
+				assert.Equal(t, OVER, resp.OverallCode)
+				assert.Equal(t, []string{"OK/2", "OVER/3"}, summary(resp))
+				resp = h.call(t, "soft", big("m3"), d("sku", "m4"))
+				assert.Equal(t, []string{"OVER/3", "OK/3"}, summary(resp), "m4 only peeked")
+				assert.Equal(t, []string{"OK/2"}, summary(h.call(t, "soft", d("sku", "m4"))))
 			})
 
 			t.Run("limit override", func(t *testing.T) {
