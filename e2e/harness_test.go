@@ -69,12 +69,20 @@ type proc struct {
 // The process is stopped (SIGTERM, then SIGKILL after 10 s) at cleanup.
 func start(t *testing.T, dir, name, binPath string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
+	c := exec.Command(binPath, args...)
+	c.Env = append(os.Environ(), env...)
+	return startCmd(t, dir, name, c)
+}
+
+// startCmd starts c (for example a command inside a netlab host) as start
+// does: output to a log file, stopped at cleanup, its log tail printed when
+// the test fails.
+func startCmd(t *testing.T, dir, name string, c *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{}), cmd: c}
 	f, err := os.Create(p.log)
 	require.NoError(t, err)
-	p.cmd = exec.Command(binPath, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
-	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, p.cmd.Start(), name)
 	go func() {
@@ -85,7 +93,7 @@ func start(t *testing.T, dir, name, binPath string, env []string, args ...string
 	t.Cleanup(func() {
 		p.stop()
 		if t.Failed() {
-			t.Logf("--- %s (%s), last lines:\n%s", name, strings.Join(args, " "), tail(p.log, 30))
+			t.Logf("--- %s (%s), last lines:\n%s", name, strings.Join(c.Args, " "), tail(p.log, 30))
 		}
 	})
 	return p
@@ -215,11 +223,21 @@ func logMetrics(t *testing.T, name, url string, prefixes ...string) {
 
 // upstreamURL starts the plain upstream every gateway forwards to and
 // returns its URL.
-func upstreamURL(t *testing.T) string {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
+func upstreamURL(t *testing.T) string { return upstreamOn(t, "127.0.0.1:0") }
+
+// upstreamOn is upstreamURL listening on addr.
+func upstreamOn(t *testing.T, addr string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	up := &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })}}
+	up.Start()
 	t.Cleanup(up.Close)
 	return up.URL
 }
+
+// regexpFor matches s literally.
+func regexpFor(s string) *regexp.Regexp { return regexp.MustCompile("(" + regexp.QuoteMeta(s) + ")") }
 
 // startBroker runs devkafka on a free loopback port and returns its address.
 func startBroker(t *testing.T, dir string) string {

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -409,35 +410,64 @@ func TestRefundOfATouchedBucketNeverMints(t *testing.T) {
 	tc := time.Now().Add(time.Hour).Truncate(time.Second)
 	consume := func(subj Subject, at time.Time, cost int64) *refundInfo {
 		ops := []op{l.opFor(p, cost)}
-		ri := &refundInfo{ra: make([]int64, 1), rb: make([]int64, 1), wrote: make([]bool, 1)}
+		ri := &refundInfo{r: make([][5]int64, 1), wrote: make([]bool, 1)}
 		ok, _, err := rs.evalCall(ctx, at, []Subject{subj}, ops, make([]result, 1), ri)
 		require.NoError(t, err)
 		require.True(t, ok)
 		return ri
 	}
-	stored := func(subj Subject) int64 {
-		v, err := rs.client.Get(ctx, StateKey(subj, p)).Int64()
+	// tokens is what the stored bucket holds at at (nano-tokens).
+	tokens := func(subj Subject, at time.Time) int64 {
+		v, err := rs.client.Get(ctx, StateKey(subj, p)).Result()
+		if errors.Is(err, redis.Nil) {
+			return p.burstMilli * nanoPerMilli // no state: a full bucket
+		}
 		require.NoError(t, err)
-		return v
+		st := decodeBucket(t, v)
+		return bucketTokens(&st, at.UnixMicro(), p.rateMilli, p.burstMilli*nanoPerMilli)
 	}
-	// Untouched: back to the state before the request (full at tc).
+	// Untouched: the key is gone again, as without the request; and a
+	// state that existed is restored byte for byte.
 	a := Subject{Kind: SubjectAPIKey, Value: "untouched"}
 	ri := consume(a, tc, 5)
-	require.NoError(t, rs.refund(ctx, tc.Add(2*time.Millisecond), a, []op{l.opFor(p, 5)}, ri, 0, ri.nowUs))
-	assert.Equal(t, tc.UnixMicro(), stored(a))
+	tr := tc.Add(2 * time.Millisecond)
+	require.NoError(t, rs.refund(ctx, tr, a, []op{l.opFor(p, 5)}, ri, 0, ri.nowUs))
+	n, err := rs.client.Exists(ctx, StateKey(a, p)).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), n)
+	consume(a, tc, 3)
+	before, err := rs.client.Get(ctx, StateKey(a, p)).Result()
+	require.NoError(t, err)
+	ri = consume(a, tc.Add(time.Millisecond), 4)
+	require.NoError(t, rs.refund(ctx, tr, a, []op{l.opFor(p, 4)}, ri, 0, ri.nowUs))
+	after, err := rs.client.Get(ctx, StateKey(a, p)).Result()
+	require.NoError(t, err)
+	assert.Equal(t, before, after)
 
 	// Touched: another request of cost 1 at tc+1ms. Without the refunded
-	// request it would have found the bucket full: full again at
-	// tc+1ms+100ms.
+	// request it would have found the bucket full: 9 tokens left then,
+	// 9.01 at tc+2ms.
 	b := Subject{Kind: SubjectAPIKey, Value: "touched"}
 	ri = consume(b, tc, 5)
 	consume(b, tc.Add(time.Millisecond), 1)
-	tr := tc.Add(2 * time.Millisecond)
 	require.NoError(t, rs.refund(ctx, tr, b, []op{l.opFor(p, 5)}, ri, 0, ri.nowUs))
-	exact := tc.Add(101 * time.Millisecond).UnixMicro()
-	got := stored(b)
-	assert.GreaterOrEqual(t, got, exact, "never fuller than without the request")
-	assert.LessOrEqual(t, got-exact, tr.Sub(tc).Microseconds(), "at most the refund window withheld")
+	exact := int64(9*nano) + 10*nano/1000
+	got := tokens(b, tr)
+	assert.LessOrEqual(t, got, exact, "never fuller than without the request")
+	assert.GreaterOrEqual(t, got, exact-tr.Sub(tc).Microseconds()*p.rateMilli, "at most the refund window's refill withheld")
+}
+
+// decodeBucket reads a bucket's 12 bytes (script.lua) into the state the
+// MemoryStore keeps.
+func decodeBucket(t *testing.T, v string) state {
+	t.Helper()
+	require.Len(t, v, 12, "bucket state %q", v)
+	var h, l int64
+	for i := range 6 {
+		h = h<<8 | int64(v[i])
+		l = l<<8 | int64(v[6+i])
+	}
+	return state{a: (h%16)<<48 + l - 1<<51, b: h / 16}
 }
 
 // TestAllOrNothingStaleSlotMap: when the client believes a request's
@@ -512,4 +542,31 @@ func repeat2(v bool, n int) []bool {
 		out[i] = v
 	}
 	return out
+}
+
+// TestAllOrNothingLaterNodeDown: across nodes, when the key's call has
+// consumed and the account's node does not answer, the key is refunded
+// and the fallback answers the request: nothing stays spent in Redis for
+// a request the store did not decide.
+func TestAllOrNothingLaterNodeDown(t *testing.T) {
+	c := redistest.StartCluster(t)
+	cl := c.Client()
+	keys := keysOnOneNode(t, cl, "d", 1)
+	_, other := accountsByNode(t, cl, keys...)
+	l, rs := aonLimiter(t, cl, keyAccountPolicies, midHour(), false)
+	ctx := context.Background()
+	acctNode, err := cl.MasterForKey(ctx, StateKey(Subject{Kind: SubjectAccount, Value: other}, l.Policies()[1]))
+	require.NoError(t, err)
+	for _, n := range c.Nodes() {
+		if n.Addr() == acctNode.Options().Addr {
+			n.Stop()
+		}
+	}
+	d, err := l.Check(ctx, Request{Identity: Identity{APIKey: keys[0], Account: other}})
+	require.NoError(t, err)
+	assert.Equal(t, SourceFallback, d.Source)
+	n, err := cl.Exists(ctx, StateKey(Subject{Kind: SubjectAPIKey, Value: keys[0]}, l.Policies()[0])).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), n, "the key's consumption was given back")
+	assert.Equal(t, int64(0), rs.RefundFailures())
 }

@@ -586,6 +586,10 @@ func readRedisState(t *testing.T, client redis.UniversalClient, subj Subject, o 
 		return nil
 	}
 	require.NoError(t, err)
+	if o.algo.isBucket() {
+		st := decodeBucket(t, v)
+		return &st
+	}
 	parts := strings.Split(v, ":")
 	st := &state{capv: -1}
 	st.a = atoi(parts[0])

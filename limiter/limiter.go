@@ -90,6 +90,25 @@ type Config struct {
 	Overrides Overrides
 }
 
+// registerStoreMetrics registers the RedisStore's own counters (see
+// metrics.go): refunds that failed and, for a pipelined store, calls shed
+// because its queue was full.
+func registerStoreMetrics(reg prometheus.Registerer, rs *RedisStore) error {
+	if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "quotient_limiter_refund_failures_total",
+		Help: "Refunds of a request split across Redis Cluster nodes that failed, each leaving one subject charged for a refused request.",
+	}, func() float64 { return float64(rs.RefundFailures()) })); err != nil {
+		return err
+	}
+	if rs.pipe == nil {
+		return nil
+	}
+	return reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "quotient_limiter_pipeline_shed_total",
+		Help: "Store calls the pipeline refused at once because MaxQueue calls were waiting (answered by the fallback).",
+	}, func() float64 { return float64(rs.pipe.shed.Load()) }))
+}
+
 // Overrides gives the per-subject overrides of policies.
 type Overrides interface {
 	// Override returns the policy to enforce instead of the policy with id
@@ -254,6 +273,11 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 		return nil, fmt.Errorf("limiter: config: Metrics: %w", err)
 	}
 	l.metrics = m
+	if rs, ok := cfg.Store.(*RedisStore); ok && cfg.Metrics != nil {
+		if err := registerStoreMetrics(cfg.Metrics, rs); err != nil {
+			return nil, fmt.Errorf("limiter: config: Metrics: %w", err)
+		}
+	}
 	l.rset.Store(&regionState{n: int64(cfg.Regions), name: cfg.Region})
 	if l.breaker, err = NewBreaker(cfg.Breaker); err != nil {
 		return nil, err
@@ -510,7 +534,10 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 // ShouldRateLimit call to subjects and policies and calls it once), into
 // d, as CheckInto does after selection. Overrides (Config.Overrides) are
 // applied per subject. req gives the route (for policy costs), Cost and
-// Peek; its Identity is ignored. Entries with no policies are skipped.
+// Peek; its Identity is ignored. Entries with no policies are skipped;
+// subjects are decided in the order given (on a split cluster, the order
+// of the calls: put first the subject most likely to reject, so fewer
+// requests need a refund). Safe for concurrent use.
 //
 // The request is all or nothing across its subjects: if any enforced
 // policy of any subject rejects, no policy of any subject consumes

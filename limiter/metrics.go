@@ -20,6 +20,8 @@ import (
 //	quotient_limiter_deny_cache_hits_total{policy}              counter: requests rejected by the deny cache
 //	quotient_limiter_usage_flush_errors_total                   counter: usage flushes that failed (retried)
 //	quotient_limiter_usage_dropped_total                        counter: usage counts dropped (bound or lag)
+//	quotient_limiter_refund_failures_total                      counter (RedisStore): refunds that failed
+//	quotient_limiter_pipeline_shed_total                        counter (pipelined RedisStore): calls shed, queue full
 type metrics struct {
 	decisions   *prometheus.CounterVec
 	latency     *prometheus.HistogramVec

@@ -107,6 +107,8 @@ type pipeliner struct {
 	closed bool
 	// inFlight is the number of calls sent and not yet answered.
 	inFlight atomic.Int64
+	// shed counts calls refused because the queue was full.
+	shed atomic.Int64
 }
 
 func newPipeliner(client redis.UniversalClient, cfg PipelineConfig) *pipeliner {
@@ -136,6 +138,7 @@ func (p *pipeliner) do(ctx context.Context, script *redis.Script, keys []string,
 		p.mu.RUnlock()
 	default:
 		p.mu.RUnlock()
+		p.shed.Add(1)
 		return nil, ErrPipelineFull
 	}
 	select {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -142,13 +143,14 @@ func TestPipelineConfigErrorsNameTheField(t *testing.T) {
 // redis-server whose writes the test has paused (CLIENT PAUSE WRITE from a
 // client of its own), with one call in flight that holds the worker until
 // unpause is called: every later call waits in the queue.
-func pausedPipeline(t *testing.T, maxQueue int) (store *RedisStore, l *Limiter, admin *redistest.Server, unpause func()) {
+func pausedPipeline(t *testing.T, maxQueue int) (store *RedisStore, l *Limiter, admin *redistest.Server, unpause func(), reg *prometheus.Registry) {
 	t.Helper()
 	srv := redistest.StartServer(t)
 	store, err := NewPipelinedRedisStore(srv.Client(), PipelineConfig{Workers: 1, MaxBatch: 1, MaxQueue: maxQueue})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
-	l, err = New(Config{Store: store, Deadline: 10 * time.Second}, mustPolicies(t, `[{"id":"tb","algorithm":"token_bucket","rate_per_sec":0.01,"burst":10}]`))
+	reg = prometheus.NewRegistry()
+	l, err = New(Config{Store: store, Deadline: 10 * time.Second, Metrics: reg}, mustPolicies(t, `[{"id":"tb","algorithm":"token_bucket","rate_per_sec":0.01,"burst":10}]`))
 	require.NoError(t, err)
 	ctx := context.Background()
 	// Load the script first: a paused server would hold SCRIPT LOAD too.
@@ -167,7 +169,7 @@ func pausedPipeline(t *testing.T, maxQueue int) (store *RedisStore, l *Limiter, 
 	t.Cleanup(func() { unpause(); require.NoError(t, <-blocked) })
 	// The worker has taken the blocker once the queue is empty again.
 	require.Eventually(t, func() bool { return len(store.pipe.queue) == 0 && store.pipe.inFlight.Load() == 1 }, 10*time.Second, time.Millisecond)
-	return store, l, srv, unpause
+	return store, l, srv, unpause, reg
 }
 
 // TestPipelineDropsCallsOfCallersThatLeft: callers with a 20 ms deadline
@@ -176,7 +178,7 @@ func pausedPipeline(t *testing.T, maxQueue int) (store *RedisStore, l *Limiter, 
 // untouched (before the fix they were sent and consumed, while the
 // fallback had answered them too).
 func TestPipelineDropsCallsOfCallersThatLeft(t *testing.T) {
-	_, l, srv, unpause := pausedPipeline(t, 64)
+	_, l, srv, unpause, _ := pausedPipeline(t, 64)
 	subj := Subject{Kind: SubjectAPIKey, Value: "gone"}
 	for range 5 {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -199,7 +201,7 @@ func TestPipelineDropsCallsOfCallersThatLeft(t *testing.T) {
 // fails at once with ErrPipelineFull (a store error) instead of waiting,
 // and Check answers it from the fallback well before its deadline.
 func TestPipelineShedsWhenFull(t *testing.T) {
-	_, l, _, unpause := pausedPipeline(t, 2)
+	_, l, _, unpause, reg := pausedPipeline(t, 2)
 	subj := Subject{Kind: SubjectAPIKey, Value: "waiting"}
 	var wg sync.WaitGroup
 	for range 2 {
@@ -214,9 +216,12 @@ func TestPipelineShedsWhenFull(t *testing.T) {
 	_, err := l.CheckSubjectAt(context.Background(), time.Now(), subj, l.Policies(), 1)
 	require.ErrorIs(t, err, ErrPipelineFull)
 	require.ErrorIs(t, err, ErrStoreUnavailable)
+	assert.Equal(t, 1.0, gatherValue(t, reg, "quotient_limiter_pipeline_shed_total", nil))
 	start := time.Now()
 	d, err := l.Check(context.Background(), Request{Identity: Identity{APIKey: "shed"}})
 	require.NoError(t, err)
 	assert.Equal(t, SourceFallback, d.Source)
 	assert.Less(t, time.Since(start), 5*time.Second, "answered without waiting for the 10 s deadline")
+	assert.Equal(t, 2.0, gatherValue(t, reg, "quotient_limiter_pipeline_shed_total", nil))
+	assert.Equal(t, 0.0, gatherValue(t, reg, "quotient_limiter_refund_failures_total", nil))
 }

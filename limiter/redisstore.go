@@ -33,7 +33,8 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 // Redis has forgotten it), deciding with Redis server TIME so gateway clocks
 // do not matter, for all the subjects of a request at once when they live
 // on one node; on a cluster whose nodes split a request's subjects, one
-// call per subject in order with refunds (see eval and refund.go). Keys (see the package documentation):
+// call per subject in order with refunds (see eval and refund.go). Keys
+// (see the package documentation):
 //
 //	rl:{<subject>}:<policy>:tb|lb         12 bytes: nano-tokens at a ms (algorithm.go)
 //	rl:{<subject>}:<policy>:fw            string "<window start ms>:<count>"
@@ -214,19 +215,19 @@ func sameSubject(subjects []Subject) bool {
 }
 
 // refundInfo is what one script call wrote, for a refund: the call's
-// time and, per op, the two refund values of script.lua (ra, rb) and
-// whether the op wrote.
+// time and, per op, the five refund values of script.lua and whether the
+// op wrote. Set, it also asks the script for them in full.
 type refundInfo struct {
-	nowUs  int64
-	ra, rb []int64
-	wrote  []bool
+	nowUs int64
+	r     [][5]int64
+	wrote []bool
 }
 
 // evalCall runs one script call for ops (of one or several subjects on
 // one node). When ri is not nil it receives what the call wrote.
 func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Subject, ops []op, res []result, ri *refundInfo) (bool, int64, error) {
 	keys := make([]string, 0, len(ops)+1)
-	args := make([]any, 0, 2+9*len(ops))
+	args := make([]any, 0, 3+9*len(ops))
 	if s.passTime {
 		args = append(args, strconv.FormatInt(now.UnixMicro(), 10))
 	} else {
@@ -242,15 +243,11 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 		}
 		// The first subject's keys are declared (one slot); the others
 		// travel in ARGV (see script.lua).
-		first := subjects[i] == subjects[0]
-		add := func(k string) {
-			if first {
-				keys = append(keys, k)
-			} else {
-				extra = append(extra, k)
-			}
+		dst := &keys
+		if subjects[i] != subjects[0] {
+			dst = &extra
 		}
-		add(stateKey(subject, o.policy, o.tag()))
+		*dst = append(*dst, stateKey(subject, o.policy, o.tag()))
 		flags := 0
 		if o.enforce {
 			flags |= 1
@@ -258,10 +255,15 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 		if o.global {
 			flags |= 2
 			if !o.replicated() {
-				add(shareKey(subject, o.policy))
+				*dst = append(*dst, shareKey(subject, o.policy))
 			}
 		}
 		args = append(args, algoCode(o), flags, o.cost, o.rate, o.burst, o.limit, o.windowMs, o.region)
+	}
+	if ri != nil {
+		args = append(args, "1")
+	} else {
+		args = append(args, "0")
 	}
 	for _, k := range extra {
 		args = append(args, k)
@@ -279,12 +281,12 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 	if err != nil {
 		return false, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
-	if len(v) != 2+7*len(ops) {
+	if len(v) != 2+10*len(ops) {
 		return false, 0, fmt.Errorf("%w: script returned %d values for %d policies", ErrStoreUnavailable, len(v), len(ops))
 	}
 	allowed := v[0] == 1
 	for i := range ops {
-		b := 2 + 7*i
+		b := 2 + 10*i
 		res[i] = result{
 			allowed:   v[b] == 1,
 			remaining: v[b+1],
@@ -293,7 +295,7 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 			delayMs:   v[b+4],
 		}
 		if ri != nil {
-			ri.ra[i], ri.rb[i] = v[b+5], v[b+6]
+			copy(ri.r[i][:], v[b+5:b+10])
 			ri.wrote[i] = allowed && res[i].allowed && ops[i].cost > 0
 		}
 	}

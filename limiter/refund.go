@@ -43,17 +43,18 @@ import (
 //     this region by at most the cost until this region's count grows past
 //     it again: safe (it can only reject more).
 //   - token and leaky buckets (and global shares, which are buckets at the
-//     share's rate): the state is the time when the bucket is full, F.
-//     When no other request has touched the bucket since (F is still what
-//     the request left), the µs the request added are taken off: exact.
-//     Otherwise an exact refund is impossible from F alone: while the
-//     request's tokens were out, refill that a full bucket would have
-//     wasted may have gone in and been used by others. The refund then
-//     keeps back min(added, time since the consuming call) µs, the most
-//     refill that can have been absorbed this way, so it never mints
-//     tokens; the cost of the rule is at most (refund window x rate)
-//     tokens withheld, about 0.02 tokens for a 10/s bucket and a 2 ms
-//     window.
+//     share's rate): the state is the tokens held at a millisecond. When
+//     no other request has written the bucket since (its 12 bytes are
+//     still what the request wrote), the state before the request is put
+//     back byte for byte (or the key deleted, if there was none): exact,
+//     rate and burst changes after it included. Otherwise an exact
+//     refund is impossible from the state alone: while the request's
+//     tokens were out, refill that a full bucket would have wasted may
+//     have gone in and been used by others. The refund then keeps back
+//     min(cost, time since the consuming call x rate), the most refill
+//     that can have been absorbed this way, so it never mints tokens; the
+//     cost of the rule is at most (refund window x rate) tokens withheld,
+//     about 0.02 tokens for a 10/s bucket and a 2 ms window.
 //
 // All of this assumes the node's clock (Redis TIME) does not step back
 // between the consuming call and later decisions. The consuming call may
@@ -75,7 +76,7 @@ func (s *RedisStore) evalInOrder(ctx context.Context, now time.Time, subjects []
 	if dl, ok := ctx.Deadline(); ok {
 		budget = time.Until(dl)
 	}
-	ri := refundInfo{ra: make([]int64, len(ops)), rb: make([]int64, len(ops)), wrote: make([]bool, len(ops))}
+	ri := refundInfo{r: make([][5]int64, len(ops)), wrote: make([]bool, len(ops))}
 	type seg struct {
 		from, to int
 		nowUs    int64
@@ -95,7 +96,7 @@ func (s *RedisStore) evalInOrder(ctx context.Context, now time.Time, subjects []
 		for to < len(ops) && subjects[to] == subjects[from] {
 			to++
 		}
-		sub := refundInfo{ra: ri.ra[from:to], rb: ri.rb[from:to], wrote: ri.wrote[from:to]}
+		sub := refundInfo{r: ri.r[from:to], wrote: ri.wrote[from:to]}
 		allowed, nowUs, err := s.evalCall(ctx, now, subjects[from:to], ops[from:to], res[from:to], &sub)
 		if err != nil {
 			refundAll()
@@ -127,7 +128,7 @@ func (s *RedisStore) evalInOrder(ctx context.Context, now time.Time, subjects []
 func (s *RedisStore) refund(ctx context.Context, now time.Time, subj Subject, ops []op, ri *refundInfo, off int, thenUs int64) error {
 	subject := subj.Key()
 	var keys []string
-	args := make([]any, 0, 3+6*len(ops))
+	args := make([]any, 0, 3+9*len(ops))
 	if s.passTime {
 		args = append(args, strconv.FormatInt(now.UnixMicro(), 10))
 	} else {
@@ -141,7 +142,8 @@ func (s *RedisStore) refund(ctx context.Context, now time.Time, subj Subject, op
 		}
 		o := &ops[i]
 		keys = append(keys, stateKey(subject, o.policy, o.tag()))
-		args = append(args, algoCode(o), o.cost, o.windowMs, o.region, ri.ra[off+i], ri.rb[off+i])
+		r := &ri.r[off+i]
+		args = append(args, algoCode(o), o.cost, o.windowMs, o.region, r[0], r[1], r[2], r[3], r[4])
 		n++
 	}
 	if n == 0 {

@@ -20,12 +20,15 @@
 --   6 fixed replicated across regions), flags (1 enforce, 2 global), cost,
 --   rate (milli-tokens/s), burst (milli-tokens), limit, window (ms; 0 for
 --   algo 3 and 6: the UTC calendar month), and this region's name (algo 6);
---   then the keys that do not fit in KEYS, in op order.
+--   then '1' or '0' (report overwritten bucket states, for refunds); then
+--   the keys that do not fit in KEYS, in op order.
 -- Returns {allowed, now (µs), then per op: admit, remaining, reset_ms,
--- retry_ms, delay_ms, refund_a, refund_b}. The refund values say what an
--- op wrote, for refund.lua (0, 0 when it wrote nothing): buckets the new
--- time when full and the µs added; fixed windows, replicated windows and
--- sliding counters the window start; sliding logs the entry's time (ms).
+-- retry_ms, delay_ms, and five refund values}. The refund values say what
+-- an op wrote, for refund.lua (zeros when it wrote nothing): buckets the
+-- two 6-byte halves of the state written, the rate, and (when ARGV asks)
+-- the halves of the state overwritten; fixed windows, replicated windows
+-- and sliding counters the window start; sliding logs the entry's time
+-- (ms).
 local nowus
 if ARGV[1] ~= '' then
   nowus = tonumber(ARGV[1])
@@ -45,7 +48,10 @@ local P48, P51 = 281474976710656, 2251799813685248
 local n = tonumber(ARGV[2])
 local K = {}
 for j = 1, #KEYS do K[j] = KEYS[j] end
-for j = 3 + 8 * n, #ARGV do K[#K + 1] = ARGV[j] end
+-- ARGV[3 + 8n]: '1' when the caller may refund (refund.lua), so buckets
+-- report the state they overwrite.
+local keepPrev = ARGV[3 + 8 * n] == '1'
+for j = 4 + 8 * n, #ARGV do K[#K + 1] = ARGV[j] end
 
 -- month(ms): the UTC calendar month containing ms, as start, end (ms).
 -- internal/calendar/month.go (MonthAt) in doubles: every value is an
@@ -283,6 +289,8 @@ for i = 1, n do
   local algo, cost, rate, burst, limit, win, key = ALGO[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i]
   local a, b, c, admit = A[i], B[i], C[i], ADMIT[i]
   local write = allowed == 1 and admit and cost > 0
+  local prev = false
+  if keepPrev and write and (algo == 1 or algo == 2) then prev = call('GET', key) end
   local remaining, reset, ttl = 0, 0, 1000
   if algo == 1 or algo == 2 then
     -- a: nano-tokens now (algorithm.go: consume, report, bucketState)
@@ -362,10 +370,22 @@ for i = 1, n do
   if allowed == 1 and admit then retry = 0 end
   local adm = 0
   if admit then adm = 1 end
-  local ra, rb = 0, 0
+  local ra, rb, rc, rd, re = 0, 0, 0, 0, 0
   if write then
     if algo == 1 or algo == 2 then
-      ra, rb = a, a - A[i]
+      -- The two halves of the 12 bytes written (as above), the rate, and
+      -- the halves of the state overwritten (-1: none, -2: not 12 bytes).
+      local tms = floor(nowus / 1000)
+      local u = a - (nowus - tms * 1000) * rate + P51
+      local hi = floor(u / P48)
+      ra, rb, rc = tms * 16 + hi, u - hi * P48, rate
+      if not prev then
+        rd = -1
+      elseif #prev == 12 then
+        rd, re = struct.unpack('>I6I6', prev)
+      else
+        rd = -2
+      end
     elseif algo == 4 then
       ra = LOG[i][#LOG[i]][1]
     else
@@ -379,5 +399,8 @@ for i = 1, n do
   out[#out + 1] = delay
   out[#out + 1] = ra
   out[#out + 1] = rb
+  out[#out + 1] = rc
+  out[#out + 1] = rd
+  out[#out + 1] = re
 end
 return out

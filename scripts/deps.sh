@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs and is missing on this machine:
-# redis-server and redis-cli (Debian package redis-server, redis-tools).
+# redis-server and redis-cli (Debian packages redis-server, redis-tools) and
+# nft (nftables).
 # As root with apt-get it installs them; otherwise it says what to install
 # and fails.
 set -euo pipefail
@@ -8,6 +9,10 @@ set -euo pipefail
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+# The deployed tests (e2e, internal/netlab) cut links with nftables inside
+# network namespaces; they need root, so nft is installed only as root (the
+# tests say they skip without root).
+if [ "$(id -u)" = 0 ]; then command -v nft >/dev/null 2>&1 || missing+=(nftables); fi
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -117,15 +117,11 @@ func (h *eventHeap) pop() event {
 	return top
 }
 
-// call is one atomic limiter call of a request: the policies of one subject.
-type call struct {
-	subject  limiter.Subject
-	policies []*limiter.Policy
-}
-
 type keyState struct {
 	tracked []int // recorder indexes, one per policy
-	calls   []call
+	// calls are the request's subjects and their policies, decided in one
+	// limiter call, all or nothing across them as in production.
+	calls []limiter.SubjectPolicies
 }
 
 type entryState struct {
@@ -315,15 +311,15 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 				e.subjects[k] = subj
 				c := -1
 				for ci := range ks.calls {
-					if ks.calls[ci].subject == subj {
+					if ks.calls[ci].Subject == subj {
 						c = ci
 					}
 				}
 				if c < 0 {
-					ks.calls = append(ks.calls, call{subject: subj})
+					ks.calls = append(ks.calls, limiter.SubjectPolicies{Subject: subj})
 					c = len(ks.calls) - 1
 				}
-				ks.calls[c].policies = append(ks.calls[c].policies, p)
+				ks.calls[c].Policies = append(ks.calls[c].Policies, p)
 			}
 		}
 		e.entries = append(e.entries, es)
@@ -535,27 +531,19 @@ func (e *engine) decide(at int64, region int, es *entryState, key int) {
 	now := time.Unix(0, e.startNs+at+rs.skewNs)
 	ks := &es.keys[key]
 	cost := es.tr.Cost
-	allowed := true
-	storeDown := down(rs.storeDown, at)
-	for i := range ks.calls {
-		c := &ks.calls[i]
-		var d limiter.Decision
-		var err error
-		switch {
-		case storeDown:
-			// The production fallback: each policy's on_store_failure.
-			d, err = rs.lim.CheckSubjectFallbackAt(now, c.subject, c.policies, cost)
-		default:
-			d, err = rs.lim.CheckSubjectAt(e.ctx, now, c.subject, c.policies, cost)
-		}
-		if err != nil {
-			e.err = fmt.Errorf("%w: limiter in %s: %v", ErrInternal, e.sc.Regions[region], err)
-			return
-		}
-		if !d.Allowed {
-			allowed = false
-		}
+	var d limiter.Decision
+	var err error
+	if down(rs.storeDown, at) {
+		// The production fallback: each policy's on_store_failure.
+		d, err = rs.lim.CheckSubjectsFallbackAt(now, ks.calls, cost)
+	} else {
+		d, err = rs.lim.CheckSubjectsAt(e.ctx, now, ks.calls, cost)
 	}
+	if err != nil {
+		e.err = fmt.Errorf("%w: limiter in %s: %v", ErrInternal, e.sc.Regions[region], err)
+		return
+	}
+	allowed := d.Allowed
 	e.rec.Decision()
 	sec := at / nsPerSec
 	for _, k := range ks.tracked {

@@ -3,6 +3,7 @@ package simulations
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -75,24 +76,37 @@ func TestGatewayFlushIntervalIsTheLimiters(t *testing.T) {
 		f.Start()
 		time.Sleep(GatewayFlushInterval - time.Millisecond)
 		synctest.Wait()
-		assert.Zero(t, sink.writes, "a flush before the interval")
+		writes, _ := sink.seen()
+		assert.Zero(t, writes, "a flush before the interval")
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
 		f.Stop()
-		require.NotZero(t, sink.writes, "no flush at the interval")
-		assert.Equal(t, GatewayFlushInterval, sink.first.Sub(start))
+		writes, first := sink.seen()
+		require.NotZero(t, writes, "no flush at the interval")
+		assert.Equal(t, GatewayFlushInterval, first.Sub(start))
 	})
 }
 
+// timedSink records when the flusher first wrote; safe for concurrent use
+// (the flusher writes from its goroutine while the test reads).
 type timedSink struct {
+	mu     sync.Mutex
 	writes int
 	first  time.Time
 }
 
 func (s *timedSink) WriteUsage(_ context.Context, counts []limiter.UsageCount) ([]limiter.UsageCount, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.writes == 0 {
 		s.first = time.Now()
 	}
 	s.writes++
 	return nil, nil
+}
+
+func (s *timedSink) seen() (int, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.writes, s.first
 }

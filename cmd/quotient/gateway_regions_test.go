@@ -70,7 +70,9 @@ func TestGatewayGlobalPolicyNeedsTheRegionSet(t *testing.T) {
 
 // TestGatewayEnforcesTheRegionSet: the default share is 1/n of the global
 // burst with n from the flags, or from the coordinator's record, which
-// wins over disagreeing flags (reported in a metric).
+// wins over disagreeing flags (reported in a metric). The deadline is long
+// so that a slow store call under the race detector does not hand the
+// decision to the fallback, which admits more.
 func TestGatewayEnforcesTheRegionSet(t *testing.T) {
 	up := upstream(t)
 	dir := t.TempDir()
@@ -79,7 +81,7 @@ func TestGatewayEnforcesTheRegionSet(t *testing.T) {
 
 	t.Run("flags", func(t *testing.T) {
 		srv := redistest.StartServer(t)
-		base, _, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(), "--policies", policies, "--keys", keys,
+		base, _, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(), "--policies", policies, "--keys", keys, "--timeout", "1s",
 			"--regions", "eu,us,ap", "--region", "eu")
 		assert.Equal(t, 4, admittedBurst(t, base, "k1", 8), "12 / 3 regions")
 	})
@@ -87,7 +89,7 @@ func TestGatewayEnforcesTheRegionSet(t *testing.T) {
 		srv := redistest.StartServer(t)
 		require.NoError(t, limiter.WriteRegionSet(context.Background(), srv.Client(), limiter.RegionSet{
 			Region: "eu", Regions: []string{"eu", "us", "ap", "sa"}, Epoch: 10 * time.Second, UsageShards: limiter.DefaultUsageShards}))
-		base, stderr, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(), "--policies", policies, "--keys", keys,
+		base, stderr, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(), "--policies", policies, "--keys", keys, "--timeout", "1s",
 			"--regions", "eu,us", "--region", "eu")
 		assert.Equal(t, 3, admittedBurst(t, base, "k1", 8), "12 / 4 regions, not / 2")
 		assert.Contains(t, stderr.String(), "disagree with the region's coordinator")
@@ -99,7 +101,7 @@ func TestGatewayEnforcesTheRegionSet(t *testing.T) {
 		srv := redistest.StartServer(t)
 		require.NoError(t, limiter.WriteRegionSet(context.Background(), srv.Client(), limiter.RegionSet{
 			Region: "us", Regions: []string{"eu", "us"}, Epoch: 10 * time.Second, UsageShards: limiter.DefaultUsageShards}))
-		base, _, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(), "--policies", policies, "--keys", keys)
+		base, _, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(), "--policies", policies, "--keys", keys, "--timeout", "1s")
 		assert.Equal(t, 6, admittedBurst(t, base, "k1", 8), "12 / 2 regions")
 		resp, body := get(t, &http.Client{Timeout: 5 * time.Second}, base+"/metrics", nil)
 		require.Equal(t, 200, resp.StatusCode)
