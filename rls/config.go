@@ -57,6 +57,9 @@ const (
 	MaxDomainBytes = 256
 	// MaxEntryBytes bounds one descriptor key or value, in bytes.
 	MaxEntryBytes = 1024
+	// MaxDescriptorBytes bounds the keys and values of one request
+	// descriptor together, in bytes (its counter's key grows with them).
+	MaxDescriptorBytes = 4096
 	// MaxEntries bounds the entries of one descriptor (its depth).
 	MaxEntries = 16
 	// MaxDescriptors bounds the descriptors of one request.

@@ -158,7 +158,9 @@ func validate(req *rlsv3.RateLimitRequest, costs []int64) ([]int64, error) {
 		case n > MaxEntries:
 			return nil, invalid("descriptors[%d] has %d entries, more than %d", i, n, MaxEntries)
 		}
+		size := 0
 		for j, e := range d.GetEntries() {
+			size += len(e.GetKey()) + len(e.GetValue())
 			switch {
 			case e == nil:
 				return nil, invalid("descriptors[%d].entries[%d] is null", i, j)
@@ -169,6 +171,9 @@ func validate(req *rlsv3.RateLimitRequest, costs []int64) ([]int64, error) {
 			case len(e.GetValue()) > MaxEntryBytes:
 				return nil, invalid("descriptors[%d].entries[%d].value is %d bytes, more than %d", i, j, len(e.GetValue()), MaxEntryBytes)
 			}
+		}
+		if size > MaxDescriptorBytes {
+			return nil, invalid("descriptors[%d]: keys and values are %d bytes together, more than %d", i, size, MaxDescriptorBytes)
 		}
 		if d.GetIsNegativeHits() {
 			return nil, invalid("descriptors[%d].is_negative_hits is not supported (a refund would let a caller mint quota)", i)

@@ -258,6 +258,10 @@ func TestMalformedRequestsConsumeNothing(t *testing.T) {
 	for i := range many {
 		many[i] = valid()
 	}
+	wide := valid()
+	for range 5 {
+		wide.Entries = append(wide.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: "k", Value: strings.Repeat("v", MaxEntryBytes)})
+	}
 	deep := valid()
 	for range MaxEntries {
 		deep.Entries = append(deep.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: "k", Value: "v"})
@@ -275,6 +279,7 @@ func TestMalformedRequestsConsumeNothing(t *testing.T) {
 		{"too many entries", &rlsv3.RateLimitRequest{Domain: "sms", Descriptors: []*ratelimitv3.RateLimitDescriptor{deep}}, "17 entries"},
 		{"empty key", &rlsv3.RateLimitRequest{Domain: "sms", Descriptors: []*ratelimitv3.RateLimitDescriptor{valid(), d("", "x")}}, "descriptors[1].entries[0].key is empty"},
 		{"huge value", &rlsv3.RateLimitRequest{Domain: "sms", Descriptors: []*ratelimitv3.RateLimitDescriptor{valid(), d("phone", strings.Repeat("9", MaxEntryBytes+1))}}, "value is 1025 bytes"},
+		{"huge descriptor", &rlsv3.RateLimitRequest{Domain: "sms", Descriptors: []*ratelimitv3.RateLimitDescriptor{valid(), wide}}, "descriptors[1]: keys and values are 5133 bytes together, more than 4096"},
 		{"huge request hits", &rlsv3.RateLimitRequest{Domain: "sms", HitsAddend: 1 << 31, Descriptors: []*ratelimitv3.RateLimitDescriptor{valid()}}, "hits_addend 2147483648"},
 		{"huge descriptor hits", &rlsv3.RateLimitRequest{Domain: "sms", Descriptors: []*ratelimitv3.RateLimitDescriptor{valid(), huge}}, "descriptors[1].hits_addend"},
 		{"negative hits", &rlsv3.RateLimitRequest{Domain: "sms", Descriptors: []*ratelimitv3.RateLimitDescriptor{valid(), neg}}, "is_negative_hits is not supported"},
