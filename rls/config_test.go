@@ -326,3 +326,44 @@ func TestExampleConfig(t *testing.T) {
 	assert.Equal(t, a.Values, b.Values, "one counter per key for all of /api/")
 	assert.True(t, c.Lookup("edge", es("path", "/healthz")).Rule.Unlimited)
 }
+
+// The layouts envoyproxy users deploy: RUNTIME_ROOT a link swapped to a new
+// directory, and a Kubernetes config map whose files are links into a
+// "..data" link that is swapped on update.
+func TestWatcherFollowsLinks(t *testing.T) {
+	base := t.TempDir()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	limit := func(n int) string {
+		return fmt.Sprintf("domain: d\ndescriptors:\n  - key: x\n    rate_limit: {unit: second, requests_per_unit: %d}\n", n)
+	}
+	// Kubernetes: config/..v1/limits.yaml, config/..data -> ..v1,
+	// config/limits.yaml -> ..data/limits.yaml.
+	cm := filepath.Join(base, "cm")
+	writeFile(t, filepath.Join(cm, "..v1", "limits.yaml"), limit(1), t0)
+	require.NoError(t, os.Symlink("..v1", filepath.Join(cm, "..data")))
+	require.NoError(t, os.Symlink(filepath.Join("..data", "limits.yaml"), filepath.Join(cm, "limits.yaml")))
+	// RUNTIME_ROOT: current -> cm.
+	require.NoError(t, os.Symlink(cm, filepath.Join(base, "current")))
+
+	var applied []*Config
+	w, err := NewWatcher(filepath.Join(base, "current"), ParseOptions{}, func(c *Config) { applied = append(applied, c) }, nil)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"limits.yaml"}, w.Current().Files(), "..v1 and ..data are not read twice")
+	assert.Equal(t, uint32(1), w.Current().Lookup("d", es("x", "1")).Rule.RequestsPerUnit)
+
+	// The config map update: a new ..v2, ..data swapped.
+	writeFile(t, filepath.Join(cm, "..v2", "limits.yaml"), limit(2), t0.Add(time.Second))
+	require.NoError(t, os.Symlink("..v2", filepath.Join(cm, "..data.tmp")))
+	require.NoError(t, os.Rename(filepath.Join(cm, "..data.tmp"), filepath.Join(cm, "..data")))
+	require.True(t, w.Check())
+	assert.Equal(t, uint32(2), w.Current().Lookup("d", es("x", "1")).Rule.RequestsPerUnit)
+
+	// RUNTIME_ROOT swapped to another directory.
+	other := filepath.Join(base, "other")
+	writeFile(t, filepath.Join(other, "limits.yaml"), limit(3), t0)
+	require.NoError(t, os.Symlink(other, filepath.Join(base, "current.tmp")))
+	require.NoError(t, os.Rename(filepath.Join(base, "current.tmp"), filepath.Join(base, "current")))
+	require.True(t, w.Check())
+	assert.Equal(t, uint32(3), w.Current().Lookup("d", es("x", "1")).Rule.RequestsPerUnit)
+	assert.Len(t, applied, 3)
+}

@@ -19,9 +19,9 @@ const DefaultAppDirectory = "config"
 
 // LoadDir parses every YAML file (*.yaml, *.yml) under dir and its
 // subdirectories, in lexical order of their paths, skipping files and
-// directories whose names start with '.' (editors' swap files, the
-// "..data" links of Kubernetes config maps are followed through their
-// targets, which are not dot-named). dir is envoyproxy's
+// directories whose names start with '.' (editors' swap files; a
+// Kubernetes config map's "..data" directory is reached through the
+// file links beside it). dir and the files may be symbolic links. dir is envoyproxy's
 // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY. Errors name the
 // file; a directory without YAML files is an error (nothing to serve).
 func LoadDir(dir string, opts ParseOptions) (*Config, error) {
@@ -42,14 +42,21 @@ type fileStamp struct {
 	mod  time.Time
 }
 
-// readDir reads the YAML files under dir with their stamps.
+// readDir reads the YAML files under dir with their stamps. dir may be a
+// symbolic link (it is resolved on every read, so swapping the link is a
+// change), and so may the files (a Kubernetes config map mounts each file
+// as a link into its "..data" directory, which is swapped on update).
 func readDir(dir string) ([]File, []fileStamp, error) {
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rls: config directory: %w", err)
+	}
 	var paths []string
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if path != dir && strings.HasPrefix(d.Name(), ".") {
+		if path != root && strings.HasPrefix(d.Name(), ".") {
 			if d.IsDir() {
 				return filepath.SkipDir
 			}
@@ -75,13 +82,13 @@ func readDir(dir string) ([]File, []fileStamp, error) {
 			return nil, nil, fmt.Errorf("rls: %w", err)
 		}
 		if st.Size() > MaxFileBytes {
-			return nil, nil, &ConfigError{File: rel(dir, p), Msg: fmt.Sprintf("file is %d bytes, more than %d", st.Size(), MaxFileBytes)}
+			return nil, nil, &ConfigError{File: rel(root, p), Msg: fmt.Sprintf("file is %d bytes, more than %d", st.Size(), MaxFileBytes)}
 		}
 		data, err := os.ReadFile(p)
 		if err != nil {
 			return nil, nil, fmt.Errorf("rls: %w", err)
 		}
-		files = append(files, File{Name: rel(dir, p), Data: data})
+		files = append(files, File{Name: rel(root, p), Data: data})
 		stamps = append(stamps, fileStamp{path: p, size: st.Size(), mod: st.ModTime()})
 	}
 	return files, stamps, nil
