@@ -298,31 +298,51 @@ func TestMalformedRequestsConsumeNothing(t *testing.T) {
 }
 
 func TestRedisKilledMidStream(t *testing.T) {
-	rs := redistest.StartServer(t)
-	const deadline = 50 * time.Millisecond
-	h := startRLS(t, rs.Client(), loadCorpus(t), deadline, false)
-	ip := d("client_ip", "198.51.100.1")
-	resp := h.call(t, "edge", ip)
-	assert.Equal(t, []string{"OK/4"}, summary(resp))
+	type killable struct {
+		name  string
+		start func(t *testing.T) (redis.UniversalClient, func())
+	}
+	for _, k := range []killable{
+		{"standalone", func(t *testing.T) (redis.UniversalClient, func()) {
+			rs := redistest.StartServer(t)
+			return rs.Client(), rs.Kill
+		}},
+		{"cluster", func(t *testing.T) (redis.UniversalClient, func()) {
+			c := redistest.StartCluster(t)
+			return c.Client(), func() {
+				for _, n := range c.Nodes() {
+					n.Kill()
+				}
+			}
+		}},
+	} {
+		t.Run(k.name, func(t *testing.T) {
+			rc, kill := k.start(t)
+			const deadline = 50 * time.Millisecond
+			h := startRLS(t, rc, loadCorpus(t), deadline, false)
+			ip := d("client_ip", "198.51.100.1")
+			assert.Equal(t, []string{"OK/4"}, summary(h.call(t, "edge", ip)))
 
-	rs.Kill()
-	// Every answer comes from the fallback (quota: fail open onto an
-	// in-process limit), within the deadline plus scheduling; none hangs.
-	for i := range 20 {
-		start := time.Now()
-		resp := h.call(t, "edge", ip)
-		elapsed := time.Since(start)
-		assert.Less(t, elapsed, 2*time.Second, "request %d", i)
-		require.Len(t, resp.Statuses, 1)
-		assert.NotNil(t, resp.Statuses[0].CurrentLimit)
+			kill()
+			// Every answer comes from the fallback (quota: fail open onto an
+			// in-process limit), within the deadline plus scheduling; none
+			// hangs.
+			for i := range 20 {
+				start := time.Now()
+				resp := h.call(t, "edge", ip, d("batch", strconv.Itoa(i)))
+				assert.Less(t, time.Since(start), 2*time.Second, "request %d", i)
+				assert.NotNil(t, resp.Statuses[0].CurrentLimit)
+				assert.Equal(t, OK, resp.Statuses[1].Code, "a fresh descriptor is admitted by the fallback")
+			}
+			// The fail-open limit still limits.
+			var oks int
+			for range 20 {
+				if h.call(t, "edge", ip).OverallCode == OK {
+					oks++
+				}
+			}
+			assert.Less(t, oks, 20, "the in-process fallback limits too")
+			assert.Equal(t, limiter.BreakerOpen, h.l.BreakerState())
+		})
 	}
-	// The fail-open limit still limits: twice the rate per instance at most.
-	var oks int
-	for range 20 {
-		if h.call(t, "edge", ip).OverallCode == OK {
-			oks++
-		}
-	}
-	assert.Less(t, oks, 20, "the in-process fallback limits too")
-	assert.Equal(t, limiter.BreakerOpen, h.l.BreakerState())
 }
