@@ -238,14 +238,17 @@ type overrideKey struct {
 }
 
 // overridePolicy is the policy of a request's limit override: a fixed
-// window of rpu per window seconds, id "envoy.override.<window>s" (its
-// counters are per descriptor, as envoyproxy's).
+// window of rpu per window seconds, id "envoy.override.<rpu>.<window>s".
+// Its counters are per descriptor, as envoyproxy's, and per limit: the
+// limit is in the id so that a rejection the deny cache remembers under
+// one limit never answers for another (envoyproxy keeps one counter per
+// descriptor and window whatever the override says).
 func (s *Server) overridePolicy(rpu uint32, window int64) (*limiter.Policy, error) {
 	k := overrideKey{rpu, window}
 	if p, ok := s.overrides.Load(k); ok {
 		return p.(*limiter.Policy), nil
 	}
-	p, err := policyFor("envoy.override."+strconv.FormatInt(window, 10)+"s", rpu, window, false)
+	p, err := policyFor("envoy.override."+strconv.FormatUint(uint64(rpu), 10)+"."+strconv.FormatInt(window, 10)+"s", rpu, window, false)
 	if err != nil {
 		return nil, err
 	}

@@ -219,6 +219,11 @@ func TestServerCorpus(t *testing.T) {
 				assert.Equal(t, []string{"OK/0"}, summary(resp))
 				assert.Equal(t, uint32(1), resp.Statuses[0].CurrentLimit.RequestsPerUnit)
 				assert.Equal(t, []string{"OVER/0"}, summary(h.call(t, "soft", o)))
+				// Another limit for the same descriptor is its own limit:
+				// the rejection under 1 per day does not carry over.
+				o5 := d("any", "thing")
+				o5.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_DAY}
+				assert.Equal(t, []string{"OK/4"}, summary(h.call(t, "soft", o5)))
 			})
 		})
 	}
