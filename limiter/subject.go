@@ -5,6 +5,13 @@ import (
 	"strings"
 )
 
+// SubjectDescriptor is an Envoy rate limit descriptor: a domain and the
+// descriptor's entries, as package rls encodes them. Policy documents do
+// not select it (Identity has no descriptor); package rls passes such
+// subjects to [Limiter.CheckSubjectsInto] with the policies of its
+// configuration.
+const SubjectDescriptor SubjectKind = "descriptor"
+
 // Subject is what one policy limits: a kind and a value.
 type Subject struct {
 	Kind  SubjectKind
@@ -12,7 +19,7 @@ type Subject struct {
 }
 
 // Key is the subject's form inside store keys: a kind prefix ("k:" API key,
-// "a:" account, "u:" user, "ip:" address or prefix) and the value with every
+// "a:" account, "u:" user, "ip:" address or prefix, "d:" descriptor) and the value with every
 // byte outside [A-Za-z0-9._~:/@+=-] escaped as %XX. The mapping is
 // injective, so two subjects never share a key, and the result never
 // contains '{' or '}', so it can sit inside a Redis Cluster hash tag: every
@@ -28,6 +35,8 @@ func (s Subject) Key() string {
 		prefix = "u:"
 	case SubjectIP:
 		prefix = "ip:"
+	case SubjectDescriptor:
+		prefix = "d:"
 	}
 	if !needsEscape(s.Value) {
 		return prefix + s.Value

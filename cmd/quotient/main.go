@@ -38,6 +38,7 @@ func commands() map[string]command {
 		"gateway":     {"rate limiting reverse proxy in front of an upstream", runGateway},
 		"coordinator": {"run one region's coordinator (global shares over Kafka)", runCoordinator},
 		"policy":      {"validate policy documents", runPolicy},
+		"rls":         {"Envoy rate limit service (gRPC) with envoyproxy/ratelimit configuration files", runRLS},
 		"simulate":    {"run scenario files in virtual time and report global accuracy", runSimulate},
 	}
 }

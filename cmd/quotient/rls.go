@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/quotientlabs/quotient/rls"
+)
+
+const rlsUsage = `usage: quotient rls --redis ADDR[,ADDR...] --config-dir DIR [flags]
+
+Serves Envoy's rate limit service (envoy.service.ratelimit.v3.RateLimitService,
+ShouldRateLimit) over gRPC, with gRPC health checking and reflection, deciding
+every request with the Quotient limiter on the region's Redis (deadline,
+circuit breaker, fallback, deny cache, as quotient gateway).
+
+The configuration is envoyproxy/ratelimit's: every *.yaml and *.yml file under
+DIR/config/ (DIR is RUNTIME_ROOT/RUNTIME_SUBDIRECTORY, config is
+RUNTIME_APPDIRECTORY, see --config-subdir), loaded unchanged; unknown fields
+are errors naming the file and the path. The directory is checked every
+--reload-interval; a change that does not parse keeps the last good
+configuration (logged, counted in quotient_rls_config_reloads_total).
+Every flag can also be set with QUOTIENT_<FLAG> (--config-dir is
+QUOTIENT_CONFIG_DIR).
+
+flags:`
+
+// rlsConfig is the parsed command line of `quotient rls`.
+type rlsConfig struct {
+	limiterFlags
+	listen, metricsListen, configDir, configSubdir string
+	reload, shutdown                               time.Duration
+	mergeDomains, headers                          bool
+}
+
+func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
+	c := &rlsConfig{}
+	fs := flag.NewFlagSet("rls", flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(env.stderr, rlsUsage)
+		fs.PrintDefaults()
+	}
+	c.limiterFlags.register(fs)
+	fs.StringVar(&c.listen, "listen", ":8081", "gRPC address to serve on (envoyproxy/ratelimit's GRPC_HOST:GRPC_PORT)")
+	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus /metrics over HTTP on this address (none when empty)")
+	fs.StringVar(&c.configDir, "config-dir", "", "runtime directory, RUNTIME_ROOT/RUNTIME_SUBDIRECTORY (required)")
+	fs.StringVar(&c.configSubdir, "config-subdir", rls.DefaultAppDirectory, "subdirectory of --config-dir holding the YAML files (RUNTIME_APPDIRECTORY)")
+	fs.BoolVar(&c.mergeDomains, "merge-domains", false, "let several files configure one domain (MERGE_DOMAIN_CONFIG)")
+	fs.BoolVar(&c.headers, "response-headers", false, "add RateLimit-Policy and RateLimit (draft-10) to every response, Retry-After when over limit (LIMIT_RESPONSE_HEADERS_ENABLED)")
+	fs.DurationVar(&c.reload, "reload-interval", 5*time.Second, "how often the configuration directory is checked for changes")
+	fs.DurationVar(&c.shutdown, "shutdown-timeout", 10*time.Second, "how long in-flight calls get on shutdown")
+	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
+		return nil, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case c.configDir == "":
+		return nil, errors.New("--config-dir is required (or QUOTIENT_CONFIG_DIR)")
+	case c.reload <= 0:
+		return nil, fmt.Errorf("--reload-interval must be > 0, got %v", c.reload)
+	}
+	if err := c.limiterFlags.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// runRLS implements `quotient rls`.
+func runRLS(ctx context.Context, env environment, args []string) int {
+	cfg, err := parseRLSFlags(env, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(env.stderr, "quotient rls: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(env.stderr, nil)).With("region", cfg.region)
+	if err := serveRLS(ctx, env, cfg, log); err != nil {
+		log.Error("quotient rls: " + err.Error())
+		return 1
+	}
+	return 0
+}
+
+func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Logger) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	regionReg := prometheus.WrapRegistererWith(prometheus.Labels{"region": cfg.region}, reg)
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quotient_rls_config_reloads_total",
+		Help: "Reloads of the RLS configuration directory by result (ok, error).",
+	}, []string{"result"})
+	regionReg.MustRegister(reloads)
+
+	stack, err := newLimiterStack(ctx, &cfg.limiterFlags, env.lookupEnv, nil, nil, log, regionReg)
+	if err != nil {
+		return err
+	}
+	defer stack.Close()
+
+	var srv *rls.Server
+	dir := filepath.Join(cfg.configDir, cfg.configSubdir)
+	watcher, err := rls.NewWatcher(dir, rls.ParseOptions{MergeDomains: cfg.mergeDomains}, func(c *rls.Config) {
+		if srv != nil {
+			srv.SetConfig(c)
+		}
+	}, log)
+	if err != nil {
+		return fmt.Errorf("--config-dir: %w", err)
+	}
+	watcher.OnCheck(func(ok bool) {
+		if ok {
+			reloads.WithLabelValues("ok").Inc()
+		} else {
+			reloads.WithLabelValues("error").Inc()
+		}
+	})
+	srv, err = rls.NewServer(rls.ServerConfig{Limiter: stack.limiter, Config: watcher.Current(), ResponseHeaders: cfg.headers})
+	if err != nil {
+		return err
+	}
+
+	gs := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+
+	var metricsLn net.Listener
+	var metricsSrv *http.Server
+	if cfg.metricsListen != "" {
+		if metricsLn, err = net.Listen("tcp", cfg.metricsListen); err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	}
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		if metricsLn != nil {
+			_ = metricsLn.Close()
+		}
+		return fmt.Errorf("--listen: %w", err)
+	}
+	if metricsLn != nil {
+		fmt.Fprintf(env.stdout, "quotient rls: metrics on %s\n", metricsLn.Addr())
+	}
+	fmt.Fprintf(env.stdout, "quotient rls: listening on %s\n", ln.Addr())
+	c := watcher.Current()
+	log.Info("rls started", "listen", ln.Addr().String(), "config", dir, "files", len(c.Files()), "domains", len(c.Domains()), "rules", c.Rules())
+
+	errc := make(chan error, 2)
+	go func() {
+		if err := gs.Serve(ln); err != nil {
+			errc <- err
+		}
+	}()
+	if metricsSrv != nil {
+		go func() {
+			if err := metricsSrv.Serve(metricsLn); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go watcher.Run(watchCtx, cfg.reload)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	// Tell health checkers first, then drain in-flight calls.
+	hs.Shutdown()
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(cfg.shutdown):
+		gs.Stop()
+	}
+	if metricsSrv != nil {
+		shutCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdown)
+		_ = metricsSrv.Shutdown(shutCtx)
+		cancel()
+	}
+	log.Info("rls stopped")
+	return serveErr
+}
