@@ -16,7 +16,8 @@ type denyKey struct {
 
 // denyEntry is what the store said when it rejected the subject.
 type denyEntry struct {
-	until     int64 // ns: the store's retry time for cost
+	until     int64 // ns: the entry answers until then (at most retryAt)
+	retryAt   int64 // ns: the store's retry time for cost (0: until)
 	resetAt   int64 // ns: the store's reset time
 	cost      int64 // the rejected cost
 	remaining int64 // remaining when rejected

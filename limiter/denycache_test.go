@@ -156,3 +156,41 @@ func BenchmarkDenyCacheLookup(b *testing.B) {
 		}
 	}
 }
+
+// TestDenyCacheGivesAGrownShareItsTurn: a region's share of a global
+// policy grows at the coordinator's decision, which the gateway does not
+// see, so a rejection of a global policy answers locally for at most a
+// tenth of the usage epoch, 1 s by default (Retry-After still the
+// store's). Without the bound a floor share
+// (one request, almost no refill) kept rejecting locally for its whole
+// retry time after the share grew.
+func TestDenyCacheGivesAGrownShareItsTurn(t *testing.T) {
+	clock := newManualClock()
+	store := newFlakyStore()
+	l, err := New(Config{Store: store, Clock: clock, Regions: 3}, mustPolicies(t, `[{"id":"g","algorithm":"token_bucket","rate_per_sec":30,"burst":30,"scope":"global"}]`))
+	require.NoError(t, err)
+	ctx := context.Background()
+	subj := Subject{Kind: SubjectAPIKey, Value: "k"}
+	req := Request{Identity: Identity{APIKey: "k"}, Method: "GET", Path: "/"}
+	store.mem.SetShare(clock.Now(), subj, "g", 1, 1000, time.Hour) // the floor: one request, 0.001/s
+	d, err := l.Check(ctx, req)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	d, err = l.Check(ctx, req)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, SourceStore, d.Source)
+	require.Greater(t, d.RetryAfter(), time.Minute)
+
+	store.mem.SetShare(clock.Now(), subj, "g", 20_000, 20_000, time.Hour) // the decision grows it
+	clock.Advance(500 * time.Millisecond)
+	d, err = l.Check(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, SourceDenyCache, d.Source, "within the bound the cache still answers")
+	assert.Greater(t, d.RetryAfter(), time.Minute, "with the store's retry time")
+	clock.Advance(600 * time.Millisecond)
+	d, err = l.Check(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, SourceStore, d.Source, "after a second the store decides")
+	assert.True(t, d.Allowed, "with the grown share")
+}

@@ -803,7 +803,11 @@ func (l *Limiter) denyHit(now time.Time, nowNs int64, pols []*Policy, subjs []Su
 			continue
 		}
 		hit = true
-		retry := ceilMs(time.Duration(e.until - nowNs))
+		retryAt := e.until
+		if e.retryAt != 0 {
+			retryAt = e.retryAt
+		}
+		retry := ceilMs(time.Duration(retryAt - nowNs))
 		reset := max(retry, ceilMs(time.Duration(e.resetAt-nowNs)))
 		d.Policies = append(d.Policies, PolicyDecision{
 			Policy:     p,
@@ -840,8 +844,19 @@ func (l *Limiter) fillDenyCache(nowNs int64, pds []PolicyDecision, req *Request)
 		if pd.Allowed || pd.Policy.Mode != Enforce || pd.RetryAfter <= 0 {
 			continue
 		}
+		retryAt := nowNs + int64(pd.RetryAfter)
+		until := retryAt
+		if pd.Policy.Scope == ScopeGlobal {
+			// The region's share of a global policy can grow at any
+			// decision of the coordinator, which the gateway does not
+			// see: a rejection answers locally for at most a tenth
+			// of the usage epoch (the coordinators' epoch: 1 s at the
+			// default 10 s), then the store decides again.
+			until = min(until, nowNs+l.usage.epochMs*int64(time.Millisecond)/10)
+		}
 		l.deny.add(denyKey{policy: pd.Policy.ID, kind: pd.Subject.Kind, value: pd.Subject.Value}, denyEntry{
-			until:     nowNs + int64(pd.RetryAfter),
+			until:     until,
+			retryAt:   retryAt,
 			resetAt:   nowNs + int64(pd.ResetAfter),
 			cost:      pd.Cost,
 			remaining: pd.Remaining,
