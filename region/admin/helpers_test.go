@@ -100,6 +100,12 @@ func (r resp) json(t *testing.T) map[string]any {
 
 func (e *env) do(method, path, token, body string) resp {
 	e.t.Helper()
+	return e.doWith(method, path, token, body, nil)
+}
+
+// doWith is do with extra request headers.
+func (e *env) doWith(method, path, token, body string, hdr map[string]string) resp {
+	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var rd io.Reader
@@ -113,6 +119,9 @@ func (e *env) do(method, path, token, body string) resp {
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
 	}
 	res, err := http.DefaultClient.Do(req)
 	require.NoError(e.t, err)

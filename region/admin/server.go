@@ -292,6 +292,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		s.badBody(w, r, "body", err.Error())
 		return false
 	}
+	return s.decodeJSON(w, r, data, v)
+}
+
+// decodeJSON is decode's strict decoding of a body already read.
+func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, data []byte, v any) bool {
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -444,14 +449,21 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request, _ Principal) {
 }
 
 func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, who Principal) {
-	var req PutPolicy
-	if !s.decode(w, r, &req) {
+	var body json.RawMessage
+	if !s.decode(w, r, &body) {
 		return
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
+	req, plain, ok := s.putRequest(w, r, body)
+	if !ok {
+		return
+	}
 	rec, err := s.cfg.Catalog.PreparePut(r.PathValue("id"), req, who.Name, s.cfg.Clock.Now())
 	if err != nil {
+		if plain {
+			err = documentPaths(err)
+		}
 		s.writeError(w, r, err)
 		return
 	}
