@@ -178,9 +178,6 @@ func idealBucket(demand []int, rate, burst func(sec int) float64) []float64 {
 // TestBinariesGlobalLimits deploys three regions on loopback from the
 // shipped binaries and checks that global limits hold across them.
 func TestBinariesGlobalLimits(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: the end-to-end run of the binaries takes about three minutes")
-	}
 	dir := t.TempDir()
 	quotient := bin(t, "quotient")
 	up := upstreamURL(t)

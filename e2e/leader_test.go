@@ -29,9 +29,6 @@ import (
 // reported twice with different contents (doubled: target 0).
 func TestBinariesLeaderKilled(t *testing.T) {
 	t.Parallel() // after the main run, beside the other short deployments
-	if testing.Short() {
-		t.Skip("-short: the leader-kill run of the binaries takes about a minute")
-	}
 	dir := t.TempDir()
 	quotient := bin(t, "quotient")
 	kafka := startBroker(t, dir)

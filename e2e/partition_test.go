@@ -29,9 +29,6 @@ import (
 // over-admission and the under-service of each 60 s window.
 func TestBinariesRegionCutOff(t *testing.T) {
 	t.Parallel() // after the main run, beside the other short deployment
-	if testing.Short() {
-		t.Skip("-short: the partition run of the binaries takes about two minutes")
-	}
 	if err := netlab.Available(); err != nil {
 		t.Skipf("this machine lacks what network namespaces need: %v", err)
 	}

@@ -25,9 +25,6 @@ import (
 // 20 x 40 + 20 = 820.
 func TestBinariesTwoRegionsAsTheReadme(t *testing.T) {
 	t.Parallel() // after the main run, beside the other short deployment
-	if testing.Short() {
-		t.Skip("-short: the end-to-end run of the binaries takes about a minute")
-	}
 	dir := t.TempDir()
 	quotient := bin(t, "quotient")
 	up := upstreamURL(t)
