@@ -2,20 +2,15 @@ package region_test
 
 import (
 	"bytes"
-	"context"
 	"net/http"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/quotientlabs/quotient/internal/redistest"
 	"github.com/quotientlabs/quotient/region"
-	"github.com/quotientlabs/quotient/region/admin"
 )
 
 // TestAdminWriteReachesTheShares: a policy written through this
@@ -27,30 +22,7 @@ import (
 // binaries: the region that took the write stayed at the old default while
 // the others grew into the raised limit, Σ 43.3 of 40/s).
 func TestAdminWriteReachesTheShares(t *testing.T) {
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
-	require.NoError(t, err)
-	t.Cleanup(kc.Close)
-	srv := redistest.StartServer(t)
-	toks, err := admin.ParseTokens([]byte("ops admin " + adminToken + "\n"))
-	require.NoError(t, err)
-	cfg := region.DefaultConfig()
-	cfg.Region, cfg.Regions, cfg.Epoch = "eu", []string{"eu", "us"}, time.Second
-	cfg.MaxWait, cfg.CollectDelay = 500*time.Millisecond, 200*time.Millisecond
-	cfg.RedisAddrs, cfg.KafkaBrokers, cfg.Listen = []string{srv.Addr()}, kc.ListenAddrs(), "127.0.0.1:0"
-	cfg.PolicyLog, cfg.AdminTokens = true, toks
-	c, err := region.New(cfg)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(wait):
-			t.Errorf("coordinator did not stop within %v", wait)
-		}
-	})
+	c, kc, _ := runControlPlane(t, "eu", "us")
 	base := "http://" + c.Addr()
 	until(t, wait, "ready", func() bool { code, _ := get(t, base+"/readyz"); return code == http.StatusOK })
 	put := func(expected int, rate int) {

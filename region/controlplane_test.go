@@ -64,15 +64,11 @@ func (o *overrides) Override(s limiter.Subject, id string, now time.Time) (*limi
 	return o.r.Override(s, id, now)
 }
 
-// TestCoordinatorControlPlane: a coordinator with the policy log and the
-// admin API on its listener, and no policy file: /readyz is ready once the
-// (empty) log is replayed; a policy written through the admin API becomes
-// the coordinator's set (readyz says the log is the source) and is enforced
-// by a gateway (the production limiter with policysync.Reloader as its
-// policy source and override hook); an override set through the API is
-// enforced by that gateway for its subject only. The API refuses a call
-// without a token. One redis-server, one kfake broker.
-func TestCoordinatorControlPlane(t *testing.T) {
+// runControlPlane runs a coordinator of regions[0] among regions, with
+// the policy log and the admin API (adminToken), on a kfake broker and a
+// redis-server of its own, both returned; it is stopped at cleanup.
+func runControlPlane(t *testing.T, regions ...string) (*region.Coordinator, *kfake.Cluster, *redistest.Server) {
+	t.Helper()
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(t, err)
 	t.Cleanup(kc.Close)
@@ -80,7 +76,7 @@ func TestCoordinatorControlPlane(t *testing.T) {
 	toks, err := admin.ParseTokens([]byte("ops admin " + adminToken + "\n"))
 	require.NoError(t, err)
 	cfg := region.DefaultConfig()
-	cfg.Region, cfg.Regions, cfg.Epoch = "eu", []string{"eu"}, time.Second
+	cfg.Region, cfg.Regions, cfg.Epoch = regions[0], regions, time.Second
 	cfg.MaxWait, cfg.CollectDelay = 500*time.Millisecond, 200*time.Millisecond
 	cfg.RedisAddrs, cfg.KafkaBrokers, cfg.Listen = []string{srv.Addr()}, kc.ListenAddrs(), "127.0.0.1:0"
 	cfg.PolicyLog, cfg.AdminTokens = true, toks
@@ -98,6 +94,19 @@ func TestCoordinatorControlPlane(t *testing.T) {
 			t.Errorf("coordinator did not stop within %v", wait)
 		}
 	})
+	return c, kc, srv
+}
+
+// TestCoordinatorControlPlane: a coordinator with the policy log and the
+// admin API on its listener, and no policy file: /readyz is ready once the
+// (empty) log is replayed; a policy written through the admin API becomes
+// the coordinator's set (readyz says the log is the source) and is enforced
+// by a gateway (the production limiter with policysync.Reloader as its
+// policy source and override hook); an override set through the API is
+// enforced by that gateway for its subject only. The API refuses a call
+// without a token. One redis-server, one kfake broker.
+func TestCoordinatorControlPlane(t *testing.T) {
+	c, _, srv := runControlPlane(t, "eu")
 	base := "http://" + c.Addr()
 
 	readyz := func() (int, map[string]any) {
@@ -122,7 +131,7 @@ func TestCoordinatorControlPlane(t *testing.T) {
 	require.NoError(t, err)
 	hook.r, err = policysync.NewReloader(policysync.ReloaderConfig{Client: srv.Client(), Target: lim})
 	require.NoError(t, err)
-	go func() { _ = hook.r.Run(ctx) }()
+	go func() { _ = hook.r.Run(t.Context()) }()
 	admitted := func(key string) int {
 		for i := range 20 {
 			cctx, ccancel := context.WithTimeout(t.Context(), 5*time.Second)
