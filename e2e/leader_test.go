@@ -122,6 +122,24 @@ func TestBinariesLeaderKilled(t *testing.T) {
 		return firstA >= 0 && e >= firstA+3
 	})
 
+	// Both replicas are one gossip cluster (they started together, so the
+	// second may have joined the first a moment later).
+	waitFor("one gossip cluster of region a", 30*time.Second, func() bool {
+		for _, r := range as {
+			var h struct{ Leader string }
+			resp, err := http.Get("http://" + r.http + "/healthz")
+			if err != nil {
+				return false
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&h)
+			_ = resp.Body.Close()
+			if h.Leader != "a-1" {
+				return false
+			}
+		}
+		return true
+	})
+
 	// Kill the leader.
 	var leader *replica
 	for _, r := range as {

@@ -84,7 +84,13 @@ func (e events) NotifyLeave(*memberlist.Node)  { e.m.kick() }
 func (e events) NotifyUpdate(*memberlist.Node) { e.m.kick() }
 
 // Join starts gossip and joins cfg.Seeds (a seed that does not answer is
-// skipped; Join fails only when seeds were given and none answered).
+// skipped). When no seed answers (replicas of a region started together,
+// so the others' gossip is not up yet) this replica starts as a cluster of
+// one, logs it, and joins again every second until it has company, then
+// every RejoinInterval: a replica that exited instead left its region with
+// one replica fewer for good (found by the end-to-end test of the
+// binaries). Meanwhile it may lead alone; the region's epoch fence keeps
+// two leaders from publishing the same epoch.
 func Join(cfg Config) (*Member, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("membership: config: Name is required")
@@ -121,9 +127,8 @@ func Join(cfg Config) (*Member, error) {
 	}
 	m.ml = ml
 	if len(cfg.Seeds) > 0 {
-		if _, err := ml.Join(cfg.Seeds); err != nil {
-			_ = ml.Shutdown()
-			return nil, fmt.Errorf("membership: join %v: %w", cfg.Seeds, err)
+		if _, err := ml.Join(cfg.Seeds); err != nil && cfg.Logger != nil {
+			cfg.Logger.Warn("membership: no seed answered; running alone and joining again every second", "seeds", cfg.Seeds, "err", err)
 		}
 		every := cfg.RejoinInterval
 		if every == 0 {
@@ -138,13 +143,18 @@ func Join(cfg Config) (*Member, error) {
 
 // rejoin joins seeds again every interval until Shutdown: members already
 // known are not disturbed, and a seed that answers now merges its cluster
-// with this one. Errors (no seed answered) are expected and ignored.
+// with this one; while this replica is alone it tries every second. Errors
+// (no seed answered) are expected and ignored.
 func (m *Member) rejoin(seeds []string, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
 	for {
+		wait := every
+		if m.ml.NumMembers() <= 1 {
+			wait = min(every, time.Second) // alone: the seeds may just be starting
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-m.stop:
+			t.Stop()
 			return
 		case <-t.C:
 			_, _ = m.ml.Join(seeds)

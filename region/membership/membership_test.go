@@ -3,6 +3,7 @@ package membership_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -200,4 +201,34 @@ func waitUntil(t *testing.T, bound time.Duration, what string, cond func() bool)
 		time.Sleep(10 * time.Millisecond)
 	}
 	return time.Since(start)
+}
+
+// TestJoinBeforeTheSeedIsUp: a replica whose seed is not up yet starts
+// alone instead of failing, and has joined the seed within seconds of the
+// seed starting (replicas of a region start together; one that exited
+// left the region a replica short for good).
+func TestJoinBeforeTheSeedIsUp(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+
+	cfg := membership.DefaultConfig("coord-b")
+	cfg.BindAddr, cfg.BindPort, cfg.Seeds = "127.0.0.1", 0, []string{fmt.Sprintf("127.0.0.1:%d", port)}
+	b, err := membership.Join(cfg)
+	require.NoError(t, err, "no seed answering is not an error")
+	t.Cleanup(func() { _ = b.Shutdown() })
+	assert.Equal(t, []string{"coord-b"}, b.Alive())
+
+	acfg := membership.DefaultConfig("coord-a")
+	acfg.BindAddr, acfg.BindPort = "127.0.0.1", port
+	a, err := membership.Join(acfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = a.Shutdown() })
+	deadline := time.Now().Add(15 * time.Second)
+	for len(b.Alive()) < 2 || len(a.Alive()) < 2 {
+		require.True(t, time.Now().Before(deadline), "b never joined a: b sees %v, a sees %v", b.Alive(), a.Alive())
+		time.Sleep(50 * time.Millisecond) // bounded poll of real gossip
+	}
+	assert.Equal(t, "coord-a", b.Leader())
 }
