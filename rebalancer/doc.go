@@ -234,10 +234,15 @@
 // default had already taken: found by the end-to-end test of the
 // binaries, Σ 43.3 of a raised 40/s.) A raise keeps the sum within L': the
 // records are unchanged and sum to at most L minus the old defaults of
-// the keys without one. After a lowering, gateways that still have the
-// old policy enforce the old default until they reload it (seconds), the
-// same bound as a record written under the old limit until its region's
-// next decision rewrites it.
+// the keys without one, as long as the raise reaches the coordinators
+// before they collect: a region whose gateways load a raise after its
+// report claimed the old default enforces the new one while the others
+// grow from the published claim, so for at most one epoch the sum can
+// exceed L' by the difference of the two defaults per such region (the
+// next report claims the new default). After a lowering, gateways that
+// still have the old policy enforce the old default until they reload it
+// (seconds), the same bound as a record written under the old limit until
+// its region's next decision rewrites it.
 //
 // # Cost
 //
