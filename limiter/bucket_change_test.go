@@ -34,10 +34,6 @@ func bucketStores(t *testing.T) []bucketStore {
 			ms.SetShare(now, subj, id, r, b, 0)
 		},
 	}}
-	if testing.Short() {
-		t.Log("-short: the Redis store is not tested (needs redis-server)")
-		return out
-	}
 	rs := NewRedisStore(redistest.StartServer(t).Client())
 	rs.decideAtGivenTime()
 	return append(out, bucketStore{
@@ -196,9 +192,6 @@ func TestShareRecordsAreClamped(t *testing.T) {
 // buckets kept their tokens (a decimal "µs when full") still decides as
 // it did, so an upgrade mints nothing.
 func TestBucketStateBeforeTokens(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs redis-server")
-	}
 	client := redistest.StartServer(t).Client()
 	rs := NewRedisStore(client)
 	rs.decideAtGivenTime()

@@ -36,9 +36,6 @@ var differentialServers = []struct {
 // redis-servers (standalone and a three-node cluster) and the in-memory
 // store must give identical decisions.
 func TestDifferentialExtremes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs redis-server; runs in make test")
-	}
 	cases := []struct {
 		algo    Algorithm
 		monthly bool
@@ -214,9 +211,6 @@ func extremes(t *testing.T, rng *rand.Rand, algo Algorithm, monthly bool, redisS
 // between t1 and t2: the stated bound is 0 <= memory - redis <= t2 - t1,
 // rounded up to a millisecond, plus 1 ms.
 func TestDifferentialServerTime(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs redis-server; runs in make test")
-	}
 	for _, srv := range differentialServers {
 		t.Run(srv.name, func(t *testing.T) {
 			t.Parallel()

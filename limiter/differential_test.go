@@ -28,9 +28,6 @@ const opsPerAlgorithm = 10_000
 // epoch (window_s) and over calendar months (window "month"), whose
 // sequences jump across many month ends, February of leap years included.
 func TestDifferential(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs redis-server; runs in make test")
-	}
 	servers := map[string]func(t *testing.T) redis.UniversalClient{
 		"standalone": func(t *testing.T) redis.UniversalClient { return redistest.StartServer(t).Client() },
 		"cluster":    func(t *testing.T) redis.UniversalClient { return redistest.StartCluster(t).Client() },
@@ -245,9 +242,6 @@ const stepsPerAlgorithmSubjects = 1500
 //     step's time (advance: so an expired key and a live full one compare
 //     equal), to equal the MemoryStore's: refunds give back exactly.
 func TestDifferentialSubjects(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs redis-server; runs in make test")
-	}
 	servers := map[string]func(t *testing.T) redis.UniversalClient{
 		"standalone": func(t *testing.T) redis.UniversalClient { return redistest.StartServer(t).Client() },
 		"cluster":    func(t *testing.T) redis.UniversalClient { return redistest.StartCluster(t).Client() },

@@ -26,9 +26,6 @@ func msOf(t *testing.T, s string) int64 {
 func monthStores(t *testing.T, fn func(t *testing.T, store Store)) {
 	t.Run("memory", func(t *testing.T) { fn(t, NewMemoryStore()) })
 	t.Run("redis", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("needs redis-server; runs in make test")
-		}
 		rs := NewRedisStore(redistest.StartServer(t).Client())
 		rs.decideAtGivenTime()
 		fn(t, rs)
@@ -92,9 +89,6 @@ func TestMonthWindowExpiresAtTheMonthEnd(t *testing.T) {
 // TestMonthWindowRedisTTL checks that the script keeps a month's key until
 // the month ends plus one second.
 func TestMonthWindowRedisTTL(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs redis-server; runs in make test")
-	}
 	client := redistest.StartServer(t).Client()
 	rs := NewRedisStore(client)
 	rs.decideAtGivenTime()
@@ -187,9 +181,6 @@ func TestMonthWindowReplicated(t *testing.T) {
 		})
 	})
 	t.Run("redis", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("needs redis-server; runs in make test")
-		}
 		client := redistest.StartServer(t).Client()
 		rs := NewRedisStore(client)
 		rs.decideAtGivenTime()
@@ -244,9 +235,6 @@ func BenchmarkFixedWindowKinds(b *testing.B) {
 	stores := map[string]func(b *testing.B) Store{
 		"memory": func(*testing.B) Store { return NewMemoryStore() },
 		"redis": func(b *testing.B) Store {
-			if testing.Short() {
-				b.Skip("needs redis-server")
-			}
 			return NewRedisStore(redistest.StartServer(b).Client())
 		},
 	}

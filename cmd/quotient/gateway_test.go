@@ -59,11 +59,24 @@ func startGateway(t *testing.T, args ...string) (string, *syncBuffer, func()) {
 // soon as it listens (before it is ready).
 func launchGateway(t *testing.T, args ...string) (string, *syncBuffer, func()) {
 	t.Helper()
+	addr, stderr, stop := startServing(t, "gateway", nil, args...)
+	return "http://" + addr, stderr, stop
+}
+
+// startServing runs `quotient sub --listen 127.0.0.1:0 args...` in process
+// (lookupEnv nil: an empty environment) until its stdout says where it
+// listens, and returns that address, its stderr, and a stop function
+// (registered with t.Cleanup) that cancels it and waits for exit status 0.
+func startServing(t *testing.T, sub string, lookupEnv func(string) (string, bool), args ...string) (string, *syncBuffer, func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stdout, stderr := &syncBuffer{}, &syncBuffer{}
-	env := environment{stdout: stdout, stderr: stderr, lookupEnv: func(string) (string, bool) { return "", false }}
+	if lookupEnv == nil {
+		lookupEnv = func(string) (string, bool) { return "", false }
+	}
+	env := environment{stdout: stdout, stderr: stderr, lookupEnv: lookupEnv}
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, env, append([]string{"gateway", "--listen", "127.0.0.1:0"}, args...)) }()
+	go func() { done <- run(ctx, env, append([]string{sub, "--listen", "127.0.0.1:0"}, args...)) }()
 	deadline := time.Now().Add(10 * time.Second)
 	var addr string
 	for addr == "" {
@@ -74,10 +87,10 @@ func launchGateway(t *testing.T, args ...string) (string, *syncBuffer, func()) {
 		select {
 		case code := <-done:
 			cancel()
-			t.Fatalf("gateway exited with %d: %s", code, stderr.String())
+			t.Fatalf("%s exited with %d: %s", sub, code, stderr.String())
 		case <-time.After(5 * time.Millisecond):
 		}
-		require.True(t, time.Now().Before(deadline), "gateway did not start: %s", stderr.String())
+		require.True(t, time.Now().Before(deadline), "%s did not start: %s", sub, stderr.String())
 	}
 	stopped := false
 	stop := func() {
@@ -90,11 +103,11 @@ func launchGateway(t *testing.T, args ...string) (string, *syncBuffer, func()) {
 		case code := <-done:
 			assert.Equal(t, 0, code, stderr.String())
 		case <-time.After(15 * time.Second):
-			t.Error("gateway did not shut down")
+			t.Errorf("%s did not shut down", sub)
 		}
 	}
 	t.Cleanup(stop)
-	return "http://" + addr, stderr, stop
+	return addr, stderr, stop
 }
 
 func gwFile(t *testing.T, dir, name, content string) string {

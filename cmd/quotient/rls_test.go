@@ -25,45 +25,12 @@ import (
 // status 0.
 func startRLS(t *testing.T, lookupEnv func(string) (string, bool), args ...string) (*grpc.ClientConn, *syncBuffer, func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
-	if lookupEnv == nil {
-		lookupEnv = func(string) (string, bool) { return "", false }
-	}
-	env := environment{stdout: stdout, stderr: stderr, lookupEnv: lookupEnv}
-	done := make(chan int, 1)
-	go func() { done <- run(ctx, env, append([]string{"rls", "--listen", "127.0.0.1:0"}, args...)) }()
-	deadline := time.Now().Add(10 * time.Second)
-	var addr string
-	for addr == "" {
-		if m := listeningRe.FindStringSubmatch(stdout.String()); m != nil {
-			addr = m[1]
-			break
-		}
-		select {
-		case code := <-done:
-			cancel()
-			t.Fatalf("rls exited with %d: %s", code, stderr.String())
-		case <-time.After(5 * time.Millisecond):
-		}
-		require.True(t, time.Now().Before(deadline), "rls did not start: %s", stderr.String())
-	}
+	addr, stderr, stopServing := startServing(t, "rls", lookupEnv, args...)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
-	stopped := false
 	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
 		_ = conn.Close()
-		cancel()
-		select {
-		case code := <-done:
-			assert.Equal(t, 0, code, stderr.String())
-		case <-time.After(15 * time.Second):
-			t.Error("rls did not shut down")
-		}
+		stopServing()
 	}
 	t.Cleanup(stop)
 	return conn, stderr, stop
