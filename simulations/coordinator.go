@@ -17,10 +17,14 @@ import (
 //
 // The engine calls one Coordinator from one goroutine, in virtual time; an
 // implementation must not block, read a clock or use global randomness.
-// While the region's coordinator is down (fault coordinator_down) the engine
-// calls neither method: deliveries wait, as they would in Kafka, and are
-// handed over, in order, before the first Tick after the region is up again;
-// the usage of epochs that end while it is down is lost.
+// A coordinator_down fault is a crash: from its start the engine calls
+// neither method, and the usage of epochs that end while it is down is lost.
+// When it ends the engine builds a new Coordinator for the region (a
+// restarted process: every state is lost, so a rebalancer warms up) and
+// first hands it, in order, the messages delivered to the region that a
+// restarted consumer would read again: those sent within its ReplayWindow
+// before the restart (Replayer), by default those sent since the crash (a
+// consumer group resuming at its committed offsets).
 type Coordinator interface {
 	// Receive hands over a message another region's coordinator published,
 	// at now (this region's clock), and applies what the coordinator asks
@@ -129,6 +133,50 @@ type RegionInfo struct {
 	// records; what a daily-quota replicator learns from the gateways'
 	// usage counts to find the active keys). The caller owns the result.
 	Served func() []Usage
+	// StoreDown reports whether the region's store is down at now (this
+	// region's clock; fault store_down): a coordinator's writes to it fail
+	// then. Nil: never. The engine applies the shares a TickResult returns
+	// whatever it says, so a coordinator models failed writes by holding
+	// its updates (RebalancerCoordinator does, as the production driver).
+	StoreDown func(now time.Time) bool
+}
+
+// Replayer is implemented by a Coordinator that says how far back a
+// restarted instance of it re-reads the bus (see Coordinator): the
+// production coordinator's report consumer starts at its lookback, the
+// daily-quota replication reads its compacted topic from the start.
+type Replayer interface {
+	// ReplayWindow is how long before its restart the oldest message a
+	// new instance reads was sent.
+	ReplayWindow() time.Duration
+}
+
+// replayWindow is c's ReplayWindow, or downFor (what was sent since the
+// crash) when c does not say.
+func replayWindow(c Coordinator, downFor time.Duration) time.Duration {
+	if rp, ok := c.(Replayer); ok {
+		return rp.ReplayWindow()
+	}
+	return downFor
+}
+
+// replay hands a restarted c a message sent age before its restart, after
+// an outage of downFor, when c would read it again; combined coordinators
+// decide per part.
+func replay(c Coordinator, now time.Time, msg Message, age, downFor time.Duration) TickResult {
+	if cs, ok := c.(*combined); ok {
+		results := make([]TickResult, 0, len(cs.cs))
+		for _, p := range cs.cs {
+			if age <= replayWindow(p, downFor) {
+				results = append(results, p.Receive(now, msg))
+			}
+		}
+		return cs.merge(now, results)
+	}
+	if age <= replayWindow(c, downFor) {
+		return c.Receive(now, msg)
+	}
+	return TickResult{}
 }
 
 // Combine runs several coordinators in one region (the rebalancer and the

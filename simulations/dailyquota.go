@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -98,6 +99,10 @@ func NewDailyQuotaCoordinator(cfg dailyquota.DriverConfig) NewCoordinator {
 		return c, nil
 	}
 }
+
+// ReplayWindow implements Replayer: a restarted coordinator reads the
+// daily-quota topic, a compacted one, from its start.
+func (c *DailyQuotaCoordinator) ReplayWindow() time.Duration { return math.MaxInt64 }
 
 // Driver returns the driven Driver (for its Stats).
 func (c *DailyQuotaCoordinator) Driver() *dailyquota.Driver { return c.driver }

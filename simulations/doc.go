@@ -68,7 +68,19 @@
 // boundary (1 s with the default max-wait), by which time the gateways'
 // last flush of the epoch (every GatewayFlushInterval, 1 s) has landed, so
 // the counts are the whole epoch's. Coordinators start HeadStartEpochs
-// epochs before the traffic unless Options.ColdStart is set.
+// epochs before the traffic unless Options.ColdStart is set (then the
+// fleet's cold start is in the scored windows).
+//
+// Faults are modelled as deployed systems meet them. coordinator_down is
+// a crash (SIGKILL) and a restart: the engine builds a new coordinator when
+// the outage ends, which has lost every state (a rebalancer warms up, as a
+// restarted process whose outage spans more than an epoch does) and first
+// re-reads the messages a restarted consumer would (Replayer: the report
+// consumer's lookback, the whole compacted daily-quota topic). store_down
+// fails the gateways' calls (the fallback decides) and the coordinator's
+// share writes (RegionInfo.StoreDown): the rebalancer adapter holds and
+// retries them and publishes no report while any is unwritten, as the
+// driver does.
 //
 // # Measurement
 //

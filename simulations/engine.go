@@ -1,6 +1,7 @@
 package simulations
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -141,19 +142,32 @@ type shareRec struct {
 }
 
 type regionState struct {
-	skewNs       int64
-	store        *limiter.MemoryStore
-	lim          *limiter.Limiter
-	coord        Coordinator
-	coordDown    []interval
-	storeDown    []interval
-	usageDemand  []int64 // per tracked key, this epoch
-	usageAdmit   []int64
-	touched      []int
-	held         []Message
-	shares       map[int]shareRec // named tracked keys only
+	skewNs      int64
+	store       *limiter.MemoryStore
+	lim         *limiter.Limiter
+	coord       Coordinator
+	coordDown   []interval
+	storeDown   []interval
+	usageDemand []int64 // per tracked key, this epoch
+	usageAdmit  []int64
+	touched     []int
+	shares      map[int]shareRec // named tracked keys only
+	// The coordinator's crashes (coordinator_down): info builds its
+	// replacement, restarts counts the outages it came back from, and log
+	// holds every message delivered to the region (kept only when it has
+	// outages), which a restarted coordinator re-reads as production's
+	// consumer re-reads its topic.
+	info         RegionInfo
+	restarts     int
+	log          []logged
 	nextBoundary int64
 	epochNs      int64
+}
+
+// logged is a message delivered to a region at true time at, sent at sent.
+type logged struct {
+	sent, at int64
+	msg      Message
 }
 
 func down(iv []interval, t int64) bool {
@@ -216,8 +230,9 @@ func (s *stream) next(from int64) int64 {
 }
 
 type inflight struct {
-	to  int
-	msg Message
+	to   int
+	sent int64 // true time
+	msg  Message
 }
 
 type engine struct {
@@ -351,32 +366,38 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 		if err != nil {
 			return nil, fmt.Errorf("%w: limiter: %v", ErrInternal, err)
 		}
-		coord, err := opt.NewCoordinator(RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies, Subject: lookup,
-			WindowCounts: store.WindowCounts, Served: func() []Usage { return e.served(r) }})
+		skewNs := sc.ClockSkewMs[r] * int64(time.Millisecond)
+		var storeDown []interval
+		for _, f := range sc.Faults {
+			if f.Region == r && f.Kind != CoordinatorDown {
+				storeDown = append(storeDown, interval{secNs(f.FromSec), secNs(f.ToSec)})
+			}
+		}
+		info := RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies, Subject: lookup,
+			WindowCounts: store.WindowCounts, Served: func() []Usage { return e.served(r) },
+			StoreDown: func(now time.Time) bool { return down(storeDown, now.UnixNano()-e.startNs-skewNs) }}
+		coord, err := opt.NewCoordinator(info)
 		if err != nil {
 			return nil, fmt.Errorf("%w: coordinator of %s: %v", ErrInternal, sc.Regions[r], err)
 		}
 		rs := &regionState{
-			skewNs:      sc.ClockSkewMs[r] * int64(time.Millisecond),
+			skewNs:      skewNs,
 			store:       store,
 			lim:         lim,
 			coord:       coord,
+			info:        info,
+			storeDown:   storeDown,
 			usageDemand: make([]int64, len(e.rec.keys)),
 			usageAdmit:  make([]int64, len(e.rec.keys)),
 			shares:      map[int]shareRec{},
 			epochNs:     epochNs,
 		}
 		for _, f := range sc.Faults {
-			if f.Region != r {
-				continue
-			}
-			iv := interval{secNs(f.FromSec), secNs(f.ToSec)}
-			if f.Kind == CoordinatorDown {
-				rs.coordDown = append(rs.coordDown, iv)
-			} else {
-				rs.storeDown = append(rs.storeDown, iv)
+			if f.Region == r && f.Kind == CoordinatorDown {
+				rs.coordDown = append(rs.coordDown, interval{secNs(f.FromSec), secNs(f.ToSec)})
 			}
 		}
+		slices.SortFunc(rs.coordDown, func(a, b interval) int { return cmp.Compare(a.from, b.from) })
 		// First boundary: the first multiple of the epoch on the region's
 		// clock after the coordinators start.
 		clock0 := e.startNs + rs.skewNs
@@ -574,15 +595,39 @@ func (e *engine) tick(at int64, r int, boundary bool) {
 		}
 		rs.touched = rs.touched[:0]
 	}
-	if down(rs.coordDown, at) {
+	if !e.up(at, r) {
 		return // the epoch's usage is lost with the coordinator
 	}
 	now := e.regionNow(r, at)
-	for _, m := range rs.held {
-		e.apply(at, r, now, rs.coord.Receive(now, m))
-	}
-	rs.held = rs.held[:0]
 	e.apply(at, r, now, rs.coord.Tick(now, boundary, usage))
+}
+
+// up reports whether region r's coordinator runs at true time at. A
+// coordinator_down outage is a crash: when it ends, the region gets a new
+// coordinator (state lost, so it warms up as a restarted process does),
+// which first re-reads the messages delivered to the region within its
+// ReplayWindow before the restart (see Replayer), in order.
+func (e *engine) up(at int64, r int) bool {
+	rs := e.regions[r]
+	for rs.restarts < len(rs.coordDown) && rs.coordDown[rs.restarts].to <= at {
+		iv := rs.coordDown[rs.restarts]
+		rs.restarts++
+		coord, err := e.opt.NewCoordinator(rs.info)
+		if err != nil {
+			if e.err == nil {
+				e.err = fmt.Errorf("%w: coordinator of %s restarted at %v: %v", ErrInternal, e.sc.Regions[r], time.Duration(iv.to), err)
+			}
+			return false
+		}
+		rs.coord = coord
+		now := e.regionNow(r, at)
+		for _, m := range rs.log {
+			if m.at < at {
+				e.apply(at, r, now, replay(coord, now, m.msg, time.Duration(iv.to-m.sent), time.Duration(iv.to-iv.from)))
+			}
+		}
+	}
+	return !down(rs.coordDown, at)
 }
 
 // apply carries out what region r's coordinator asked at true time at
@@ -658,9 +703,9 @@ func (e *engine) send(at int64, from int, payload any) {
 			if f := len(e.freeMsgs); f > 0 {
 				slot = e.freeMsgs[f-1]
 				e.freeMsgs = e.freeMsgs[:f-1]
-				e.msgs[slot] = inflight{to: to, msg: Message{From: from, Payload: payload}}
+				e.msgs[slot] = inflight{to: to, sent: at, msg: Message{From: from, Payload: payload}}
 			} else {
-				e.msgs = append(e.msgs, inflight{to: to, msg: Message{From: from, Payload: payload}})
+				e.msgs = append(e.msgs, inflight{to: to, sent: at, msg: Message{From: from, Payload: payload}})
 			}
 			e.events.push(at+int64(delayMs*float64(time.Millisecond)), evDeliver, slot)
 		}
@@ -675,8 +720,11 @@ func (e *engine) deliver(at int64, slot int) {
 		return
 	}
 	rs := e.regions[m.to]
-	if down(rs.coordDown, at) {
-		rs.held = append(rs.held, m.msg)
+	up := e.up(at, m.to)
+	if len(rs.coordDown) > 0 {
+		rs.log = append(rs.log, logged{sent: m.sent, at: at, msg: m.msg})
+	}
+	if !up {
 		return
 	}
 	now := e.regionNow(m.to, at)

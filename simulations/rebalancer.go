@@ -2,10 +2,12 @@ package simulations
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/rebalancer"
+	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
 	"github.com/quotientlabs/quotient/shares"
 )
 
@@ -26,9 +28,28 @@ import (
 // so their last flush of the epoch has landed when the coordinator
 // collects (NewRebalancerCoordinator refuses a delay shorter than the
 // flush interval, which this model does not represent).
+//
+// Share writes fail while the region's store is down (RegionInfo.StoreDown),
+// and are then handled as the driver does: kept (a newer update of a key
+// replacing the older), retried every RetryInterval (the driver's default,
+// min(1 s, epoch/10)), and while any is unwritten no report is published
+// (the driver drops the report of that epoch: it would claim shares the
+// store does not hold).
+//
+// After a crash (coordinator_down) the new instance re-reads the reports
+// sent within the production coordinator's lookback
+// (ReplayWindow) and, with a new Core, warms up: a restarted coordinator
+// whose outage spanned more epochs than its fence lets it take over warm
+// (longer than an epoch) starts cold in production too.
 type RebalancerCoordinator struct {
 	core *rebalancer.Core
 	info RegionInfo
+	// Share updates not yet written (the store was down), by key, and
+	// when to try again.
+	unwritten []rebalancer.Update
+	retryAt   time.Time
+	retry     time.Duration
+	lookback  time.Duration
 	// defaults are the shares a deleted record stands for, by policy.
 	defaults map[string]shares.Share
 	delay    time.Duration
@@ -99,9 +120,22 @@ func NewRebalancerCoordinatorDelay(cfg rebalancer.Config, delay time.Duration) N
 		case d > 0 && d < GatewayFlushInterval:
 			return nil, fmt.Errorf("rebalancer coordinator: collect delay %v is shorter than the gateways' flush interval %v, which the simulator does not model", d, GatewayFlushInterval)
 		}
-		return &RebalancerCoordinator{core: core, info: info, defaults: defaults, delay: d}, nil
+		cc := core.Config()
+		return &RebalancerCoordinator{core: core, info: info, defaults: defaults, delay: d,
+			retry:    min(time.Second, cc.Epoch/10),
+			lookback: ReportLookback(cc)}, nil
 	}
 }
+
+// ReportLookback is how far back a coordinator's report consumer starts
+// (region.New: the bus's default lookback, at least SilenceEpochs+3
+// epochs), so how far back a restarted one re-reads reports.
+func ReportLookback(cfg rebalancer.Config) time.Duration {
+	return max(kafkabus.DefaultConfig().Lookback, time.Duration(cfg.SilenceEpochs+3)*cfg.Epoch)
+}
+
+// ReplayWindow implements Replayer: the report consumer's lookback.
+func (c *RebalancerCoordinator) ReplayWindow() time.Duration { return c.lookback }
 
 // Core returns the driven Core (for statistics).
 func (c *RebalancerCoordinator) Core() *rebalancer.Core { return c.core }
@@ -146,6 +180,12 @@ func (c *RebalancerCoordinator) Tick(now time.Time, boundary bool, usage []Usage
 // collection, then a decision; and asks for a wake-up at the next thing
 // due.
 func (c *RebalancerCoordinator) step(now time.Time, res *TickResult) {
+	if len(c.unwritten) > 0 && !now.Before(c.retryAt) {
+		if err := c.flush(now, res); err != nil {
+			res.Err = err
+			return
+		}
+	}
 	if c.stashed && !now.Before(c.collectAt) {
 		c.stashed = false
 		if err := c.collect(now, res); err != nil {
@@ -171,6 +211,9 @@ func (c *RebalancerCoordinator) step(now time.Time, res *TickResult) {
 	if c.stashed && (wake.IsZero() || c.collectAt.Before(wake)) {
 		wake = c.collectAt
 	}
+	if len(c.unwritten) > 0 && (wake.IsZero() || c.retryAt.Before(wake)) {
+		wake = c.retryAt
+	}
 	res.Wake = wake
 }
 
@@ -185,16 +228,57 @@ func (c *RebalancerCoordinator) collect(now time.Time, res *TickResult) error {
 			return err
 		}
 	}
-	if err := c.updates(now, pub.Updates, res); err != nil {
-		return err
+	c.enqueue(pub.Updates)
+	if pub.Report == nil {
+		return nil
 	}
-	if pub.Report != nil {
+	if len(c.unwritten) > 0 {
+		if err := c.flush(now, res); err != nil {
+			return err
+		}
+	}
+	if len(c.unwritten) == 0 { // else the report is not published
 		res.Publish = append(res.Publish, pub.Report)
 	}
 	return nil
 }
 
+// updates queues ups and writes what is queued (unless the store is down).
 func (c *RebalancerCoordinator) updates(now time.Time, ups []rebalancer.Update, res *TickResult) error {
+	c.enqueue(ups)
+	return c.flush(now, res)
+}
+
+// enqueue adds ups to the unwritten updates, a newer update of a key
+// replacing the older.
+func (c *RebalancerCoordinator) enqueue(ups []rebalancer.Update) {
+	if len(c.unwritten) == 0 { // the common case: one decision's updates, one per key
+		c.unwritten = append(c.unwritten, ups...)
+		return
+	}
+	for _, u := range ups {
+		i := slices.IndexFunc(c.unwritten, func(o rebalancer.Update) bool { return o.Key == u.Key })
+		if i >= 0 {
+			c.unwritten[i] = u
+		} else {
+			c.unwritten = append(c.unwritten, u)
+		}
+	}
+}
+
+// flush writes the unwritten updates into res, or, while the store is
+// down, keeps them and sets the retry time. An error is an internal one
+// (an update for a subject the scenario does not have).
+func (c *RebalancerCoordinator) flush(now time.Time, res *TickResult) error {
+	if len(c.unwritten) == 0 {
+		return nil
+	}
+	if c.info.StoreDown != nil && c.info.StoreDown(now) {
+		c.retryAt = now.Add(c.retry)
+		return nil
+	}
+	ups := c.unwritten
+	c.unwritten = nil
 	for _, u := range ups {
 		subj, ok := c.info.Subject(u.Subject)
 		if !ok {
