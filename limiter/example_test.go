@@ -14,6 +14,21 @@ type fixedClock struct{ t time.Time }
 
 func (c *fixedClock) Now() time.Time { return c.t }
 
+// exampleLimiter is a limiter of the policies of doc on a MemoryStore, at
+// a fixed time, as in Example.
+func exampleLimiter(doc string) (*limiter.Limiter, []*limiter.Policy) {
+	pols, err := limiter.ParsePolicies([]byte(doc))
+	if err != nil {
+		panic(err)
+	}
+	clock := &fixedClock{time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+	l, err := limiter.New(limiter.Config{Clock: clock}, pols)
+	if err != nil {
+		panic(err)
+	}
+	return l, pols
+}
+
 // One region, one policy: a token bucket of 3 requests refilled at 1 per
 // second, per API key. The MemoryStore decides in process; in a gateway
 // fleet use a RedisStore (NewRedisStore) shared by every gateway of the
@@ -91,17 +106,9 @@ func Example_globalShares() {
 // new limit can be watched on real traffic before it is enforced: the
 // decision says whether it would have rejected.
 func Example_shadowMode() {
-	pols, err := limiter.ParsePolicies([]byte(`[
+	l, pols := exampleLimiter(`[
 		{"id": "current", "algorithm": "fixed_window", "limit": 5, "window_s": 60},
-		{"id": "stricter", "algorithm": "fixed_window", "limit": 2, "window_s": 60, "mode": "shadow"}]`))
-	if err != nil {
-		panic(err)
-	}
-	clock := &fixedClock{time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
-	l, err := limiter.New(limiter.Config{Clock: clock}, pols)
-	if err != nil {
-		panic(err)
-	}
+		{"id": "stricter", "algorithm": "fixed_window", "limit": 2, "window_s": 60, "mode": "shadow"}]`)
 	key := limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "key-1"}
 	for range 3 {
 		d, _ := l.Allow(context.Background(), key, pols...)
@@ -117,16 +124,7 @@ func Example_shadowMode() {
 // admitted request may run (the queue ahead of it drains at the rate), and
 // Wait sleeps that long itself.
 func ExampleLimiter_Reserve() {
-	pols, err := limiter.ParsePolicies([]byte(`[{"id": "shape", "algorithm": "leaky_bucket",
-		"rate_per_sec": 5, "burst": 3}]`))
-	if err != nil {
-		panic(err)
-	}
-	clock := &fixedClock{time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
-	l, err := limiter.New(limiter.Config{Clock: clock}, pols)
-	if err != nil {
-		panic(err)
-	}
+	l, pols := exampleLimiter(`[{"id": "shape", "algorithm": "leaky_bucket", "rate_per_sec": 5, "burst": 3}]`)
 	key := limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "key-1"}
 	for range 4 {
 		r, err := l.Reserve(context.Background(), key, 1, pols...)
