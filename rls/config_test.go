@@ -219,7 +219,7 @@ func TestWatcherKeepsLastGood(t *testing.T) {
 	writeFile(t, filepath.Join(dir, ".swap.yaml"), "not: [yaml", t0)
 	writeFile(t, filepath.Join(dir, "notes.txt"), "ignored", t0)
 	var applied []*Config
-	w, err := NewWatcher(dir, ParseOptions{}, func(c *Config) { applied = append(applied, c) }, nil)
+	w, err := NewWatcher(dir, ParseOptions{}, func(c *Config) error { applied = append(applied, c); return nil }, nil)
 	require.NoError(t, err)
 	require.Len(t, applied, 1)
 	assert.False(t, w.Check(), "nothing changed")
@@ -251,10 +251,10 @@ func TestWatcherKeepsLastGood(t *testing.T) {
 
 func TestNewWatcherFailsWithoutGoodConfig(t *testing.T) {
 	dir := t.TempDir()
-	_, err := NewWatcher(dir, ParseOptions{}, func(*Config) {}, nil)
+	_, err := NewWatcher(dir, ParseOptions{}, func(*Config) error { return nil }, nil)
 	require.ErrorContains(t, err, "no *.yaml or *.yml file")
 	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: \"\"\n", time.Now())
-	_, err = NewWatcher(dir, ParseOptions{}, func(*Config) {}, nil)
+	_, err = NewWatcher(dir, ParseOptions{}, func(*Config) error { return nil }, nil)
 	require.ErrorContains(t, err, "a.yaml: domain: must not be empty")
 }
 
@@ -346,7 +346,7 @@ func TestWatcherFollowsLinks(t *testing.T) {
 	require.NoError(t, os.Symlink(cm, filepath.Join(base, "current")))
 
 	var applied []*Config
-	w, err := NewWatcher(filepath.Join(base, "current"), ParseOptions{}, func(c *Config) { applied = append(applied, c) }, nil)
+	w, err := NewWatcher(filepath.Join(base, "current"), ParseOptions{}, func(c *Config) error { applied = append(applied, c); return nil }, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"limits.yaml"}, w.Current().Files(), "..v1 and ..data are not read twice")
 	assert.Equal(t, uint32(1), w.Current().Lookup("d", es("x", "1")).Rule.RequestsPerUnit)
