@@ -130,7 +130,8 @@ func TestRLSFlags(t *testing.T) {
 		{[]string{"--redis", "127.0.0.1:1"}, "--config-dir is required"},
 		{[]string{"--config-dir", "/x"}, "--redis is required"},
 		{[]string{"--config-dir", "/x", "--redis", "a", "--timeout", "0s"}, "--timeout must be > 0"},
-		{[]string{"--config-dir", "/x", "--redis", "a", "--regions", "eu,us", "--region", "ap"}, `--regions "eu,us" does not list --region "ap"`},
+		{[]string{"--config-dir", "/x", "--redis", "a", "--policy-source", "kafka"}, `--policy-source "kafka": want file or redis`},
+		{[]string{"--config-dir", "/x", "--redis", "a", "--max-delay", "-1s"}, "--max-delay must be >= 0"},
 		{[]string{"--config-dir", "/x", "--redis", "a", "--region", "a b"}, `--region "a b"`},
 		{[]string{"--config-dir", "/x", "--redis", "a", "extra"}, `unexpected argument "extra"`},
 	}
