@@ -426,6 +426,8 @@ func ParseSubjectKey(key string) (Subject, error) {
 		s.Kind = SubjectUser
 	case "ip":
 		s.Kind = SubjectIP
+	case "d":
+		s.Kind = SubjectDescriptor
 	default:
 		return Subject{}, fmt.Errorf("limiter: subject key %q: unknown kind prefix %q", key, prefix)
 	}

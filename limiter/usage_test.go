@@ -66,6 +66,7 @@ func TestParseSubjectKeyInvertsKey(t *testing.T) {
 		{Kind: SubjectAccount, Value: "a}b{c d%e\x00\xff:"},
 		{Kind: SubjectUser, Value: "ü"},
 		{Kind: SubjectIP, Value: "2001:db8::/64"},
+		{Kind: SubjectDescriptor, Value: "api/tenant=acme%2F1"},
 	} {
 		got, err := ParseSubjectKey(s.Key())
 		require.NoError(t, err, s.Key())
