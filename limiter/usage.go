@@ -395,7 +395,7 @@ func validSubjectKey(key string) bool {
 		return false
 	}
 	switch prefix {
-	case "k", "a", "u", "ip":
+	case "k", "a", "u", "ip", "d":
 	default:
 		return false
 	}

@@ -71,6 +71,7 @@ func TestParseSubjectKeyInvertsKey(t *testing.T) {
 		got, err := ParseSubjectKey(s.Key())
 		require.NoError(t, err, s.Key())
 		assert.Equal(t, s, got)
+		assert.True(t, validSubjectKey(s.Key()), "CollectUsageTotals accepts %s", s.Key())
 	}
 	for _, bad := range []string{"", "x:1", "k", "k:%4", "k:%zz", "k:a b", "k:%61"} {
 		_, err := ParseSubjectKey(bad)
