@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -268,6 +269,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add([]byte("domain: d\ndescriptors: &a\n  - key: k\n    descriptors: *a\n"))
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    value: v*\n    share_threshold: true\n    rate_limit: {unit: year, requests_per_unit: 4294967295}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {policy: p.1, name: n}\n  - key: j\n    rate_limit: {policy: p.1, replaces: [{name: n}]}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		start := time.Now()
 		c, err := Parse([]File{{Name: "f.yaml", Data: data}}, ParseOptions{})
@@ -300,9 +302,12 @@ func FuzzParse(f *testing.F) {
 				for _, ch := range children {
 					if r := ch.rule; r != nil {
 						hasPolicy := r.policy != nil
-						wantPolicy := !r.Unlimited && r.RequestsPerUnit > 0
+						wantPolicy := r.PolicyID == "" && !r.Unlimited && r.RequestsPerUnit > 0
 						if hasPolicy != wantPolicy {
 							t.Fatalf("rule %s: policy %v, want %v", r.Path, hasPolicy, wantPolicy)
+						}
+						if r.PolicyID != "" && !slices.Contains(c.PolicyIDs(), r.PolicyID) {
+							t.Fatalf("rule %s names policy %q, not in PolicyIDs %v", r.Path, r.PolicyID, c.PolicyIDs())
 						}
 					}
 					walk(ch, depth+1)
