@@ -164,6 +164,8 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 		return err
 	}
 
+	// The gRPC services, one Register line each (and a health status
+	// line below for each that health checkers may name).
 	gs := grpc.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
