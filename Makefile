@@ -12,7 +12,7 @@ FUZZTIME ?= 5s
 BENCHTIME ?= 2s
 PKGS := ./...
 
-.PHONY: all build test test-unit e2e fuzz lint bench simulate proto deps tools clean
+.PHONY: all build test test-unit e2e fuzz lint bench bench-rls simulate proto deps tools clean
 
 all: build
 
@@ -53,6 +53,10 @@ lint:
 ## bench: benchmarks with memory statistics (see README for the numbers measured)
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+## bench-rls: envoyproxy/ratelimit (built from its Go module) and quotient rls side by side on one redis-server, pinned and unpinned (scripts/bench-rls.sh)
+bench-rls:
+	bash scripts/bench-rls.sh
 
 ## simulate: the standard scenario suite in virtual time; prints the accuracy table
 simulate:

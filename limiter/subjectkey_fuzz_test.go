@@ -13,7 +13,7 @@ func FuzzParseSubjectKey(f *testing.F) {
 	for _, s := range []string{"k:abc", "a:x%7Dy", "ip:2001:db8::/64", "u:", "zz:1", "k:%4", "k:%zz", ""} {
 		f.Add(s, "value", uint8(0))
 	}
-	kinds := []SubjectKind{SubjectAPIKey, SubjectAccount, SubjectUser, SubjectIP}
+	kinds := []SubjectKind{SubjectAPIKey, SubjectAccount, SubjectUser, SubjectIP, SubjectDescriptor}
 	f.Fuzz(func(t *testing.T, raw, value string, kind uint8) {
 		subj := Subject{Kind: kinds[int(kind)%len(kinds)], Value: value}
 		got, err := ParseSubjectKey(subj.Key())

@@ -439,7 +439,7 @@ func validSubjectKey(key string) bool {
 		return false
 	}
 	switch prefix {
-	case "k", "a", "u", "ip":
+	case "k", "a", "u", "ip", "d":
 	default:
 		return false
 	}
@@ -470,6 +470,8 @@ func ParseSubjectKey(key string) (Subject, error) {
 		s.Kind = SubjectUser
 	case "ip":
 		s.Kind = SubjectIP
+	case "d":
+		s.Kind = SubjectDescriptor
 	default:
 		return Subject{}, fmt.Errorf("limiter: subject key %q: unknown kind prefix %q", key, prefix)
 	}

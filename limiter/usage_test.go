@@ -66,10 +66,12 @@ func TestParseSubjectKeyInvertsKey(t *testing.T) {
 		{Kind: SubjectAccount, Value: "a}b{c d%e\x00\xff:"},
 		{Kind: SubjectUser, Value: "ü"},
 		{Kind: SubjectIP, Value: "2001:db8::/64"},
+		{Kind: SubjectDescriptor, Value: "api/tenant=acme%2F1"},
 	} {
 		got, err := ParseSubjectKey(s.Key())
 		require.NoError(t, err, s.Key())
 		assert.Equal(t, s, got)
+		assert.True(t, validSubjectKey(s.Key()), "CollectUsageTotals accepts %s", s.Key())
 	}
 	for _, bad := range []string{"", "x:1", "k", "k:%4", "k:%zz", "k:a b", "k:%61"} {
 		_, err := ParseSubjectKey(bad)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -91,6 +92,12 @@ type Rule struct {
 	// DetailedMetric is detailed_metric: accepted for compatibility; the
 	// limiter's metrics are per policy, so it changes nothing.
 	DetailedMetric bool
+	// PolicyID is rate_limit.policy, Quotient's extension: the id of a
+	// Quotient policy document of the server's policy set that decides
+	// the descriptor instead of a unit and requests_per_unit (its
+	// algorithm, cost, class, on_store_failure, mode, scope and the
+	// overrides of its subjects all apply). Empty for envoyproxy rules.
+	PolicyID string
 
 	// policy is the Quotient policy of the rule; nil when Unlimited or
 	// RequestsPerUnit is 0.
@@ -151,6 +158,9 @@ func policyID(path string) string {
 	return fmt.Sprintf("%s.%016x", s, h.Sum64())
 }
 
+// policyIDPattern is what a Quotient policy id is (limiter.Policy.ID).
+var policyIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
 // node is one level of a domain's descriptor tree.
 type node struct {
 	exact     map[entryKey]*node // key and value
@@ -175,9 +185,33 @@ func (n *node) hasChildren() bool {
 // Config is a parsed set of configuration files: the domains and their
 // descriptor trees. A Config is immutable and safe for concurrent use.
 type Config struct {
-	domains map[string]*node
-	rules   int
-	files   []string
+	domains  map[string]*node
+	rules    int
+	files    []string
+	policies map[string]string // rate_limit.policy id -> the first rule path naming it
+}
+
+// PolicyIDs are the Quotient policy ids that rules name (rate_limit.policy),
+// sorted.
+func (c *Config) PolicyIDs() []string {
+	out := make([]string, 0, len(c.policies))
+	for id := range c.policies {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// MissingPolicy is the first (in id order) policy id a rule names that have
+// does not hold, with the path of a rule naming it; "" when every
+// named policy is there.
+func (c *Config) MissingPolicy(have func(id string) bool) (id, path string) {
+	for _, id := range c.PolicyIDs() {
+		if !have(id) {
+			return id, c.policies[id]
+		}
+	}
+	return "", ""
 }
 
 // Domains returns the configured domains, sorted.
@@ -238,7 +272,7 @@ type ParseOptions struct {
 // descriptor or domain is an error (*ConfigError, wrapping
 // ErrInvalidConfig) that names the file and the path. It does no I/O.
 func Parse(files []File, opts ParseOptions) (*Config, error) {
-	c := &Config{domains: map[string]*node{}}
+	c := &Config{domains: map[string]*node{}, policies: map[string]string{}}
 	for _, f := range files {
 		if err := c.parseFile(f, opts); err != nil {
 			return nil, err
@@ -411,6 +445,7 @@ var descriptorFields = map[string]bool{
 
 var rateLimitFields = map[string]bool{
 	"unit": true, "requests_per_unit": true, "unlimited": true, "name": true, "replaces": true,
+	"policy": true, // Quotient's extension: a policy document of the server's set decides
 }
 
 func (p *parser) descriptors(parent *node, v *yaml.Node, path, statPath string, depth int) error {
@@ -505,7 +540,14 @@ func (p *parser) descriptor(parent *node, v *yaml.Node, path, statPath string, d
 		}
 		r.Path, r.File = stat, p.file
 		r.Shadow, r.DetailedMetric = flags["shadow_mode"], flags["detailed_metric"]
-		if !r.Unlimited && r.RequestsPerUnit > 0 {
+		if r.PolicyID != "" {
+			if r.Shadow {
+				return p.errf(path+".shadow_mode", "not with rate_limit.policy: set the mode of Quotient policy %q to shadow instead", r.PolicyID)
+			}
+			if _, ok := p.c.policies[r.PolicyID]; !ok {
+				p.c.policies[r.PolicyID] = stat
+			}
+		} else if !r.Unlimited && r.RequestsPerUnit > 0 {
 			if r.policy, err = policyFor(policyID(stat), r.RequestsPerUnit, r.Unit.Seconds(), r.Shadow); err != nil {
 				return p.errf(path+".rate_limit", "%v", err)
 			}
@@ -527,6 +569,19 @@ func (p *parser) rateLimit(v *yaml.Node, path string) (*Rule, error) {
 		return nil, err
 	}
 	r := &Rule{}
+	if pv, ok := fields["policy"]; ok {
+		if r.PolicyID, err = p.str(pv, path+".policy"); err != nil {
+			return nil, err
+		}
+		if !policyIDPattern.MatchString(r.PolicyID) {
+			return nil, p.errf(path+".policy", "%q is not a policy id (1 to 64 of A-Z a-z 0-9 . _ -)", truncate(r.PolicyID))
+		}
+		for _, f := range []string{"unit", "requests_per_unit", "unlimited"} {
+			if _, ok := fields[f]; ok {
+				return nil, p.errf(path+"."+f, "not with policy: the Quotient policy %q states the limit", r.PolicyID)
+			}
+		}
+	}
 	if uv, ok := fields["unlimited"]; ok {
 		if r.Unlimited, err = p.boolean(uv, path+".unlimited"); err != nil {
 			return nil, err
@@ -542,13 +597,13 @@ func (p *parser) rateLimit(v *yaml.Node, path string) (*Rule, error) {
 	switch {
 	case r.Unlimited && u.Seconds() > 0:
 		return nil, p.errf(path+".unit", "an unlimited rate limit takes no unit, got %q", unit)
-	case !r.Unlimited && u.Seconds() == 0:
+	case !r.Unlimited && u.Seconds() == 0 && r.PolicyID == "":
 		if unit == "" {
 			return nil, p.errf(path+".unit", "required (second, minute, hour, day, week, month or year)")
 		}
 		return nil, p.errf(path+".unit", "invalid unit %q (want second, minute, hour, day, week, month or year)", unit)
 	}
-	if !r.Unlimited {
+	if !r.Unlimited && r.PolicyID == "" {
 		r.Unit = u
 	}
 	if rv, ok := fields["requests_per_unit"]; ok {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -219,7 +220,7 @@ func TestWatcherKeepsLastGood(t *testing.T) {
 	writeFile(t, filepath.Join(dir, ".swap.yaml"), "not: [yaml", t0)
 	writeFile(t, filepath.Join(dir, "notes.txt"), "ignored", t0)
 	var applied []*Config
-	w, err := NewWatcher(dir, ParseOptions{}, func(c *Config) { applied = append(applied, c) }, nil)
+	w, err := NewWatcher(dir, ParseOptions{}, func(c *Config) error { applied = append(applied, c); return nil }, nil)
 	require.NoError(t, err)
 	require.Len(t, applied, 1)
 	assert.False(t, w.Check(), "nothing changed")
@@ -251,10 +252,10 @@ func TestWatcherKeepsLastGood(t *testing.T) {
 
 func TestNewWatcherFailsWithoutGoodConfig(t *testing.T) {
 	dir := t.TempDir()
-	_, err := NewWatcher(dir, ParseOptions{}, func(*Config) {}, nil)
+	_, err := NewWatcher(dir, ParseOptions{}, func(*Config) error { return nil }, nil)
 	require.ErrorContains(t, err, "no *.yaml or *.yml file")
 	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: \"\"\n", time.Now())
-	_, err = NewWatcher(dir, ParseOptions{}, func(*Config) {}, nil)
+	_, err = NewWatcher(dir, ParseOptions{}, func(*Config) error { return nil }, nil)
 	require.ErrorContains(t, err, "a.yaml: domain: must not be empty")
 }
 
@@ -268,6 +269,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add([]byte("domain: d\ndescriptors: &a\n  - key: k\n    descriptors: *a\n"))
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    value: v*\n    share_threshold: true\n    rate_limit: {unit: year, requests_per_unit: 4294967295}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {policy: p.1, name: n}\n  - key: j\n    rate_limit: {policy: p.1, replaces: [{name: n}]}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		start := time.Now()
 		c, err := Parse([]File{{Name: "f.yaml", Data: data}}, ParseOptions{})
@@ -300,9 +302,12 @@ func FuzzParse(f *testing.F) {
 				for _, ch := range children {
 					if r := ch.rule; r != nil {
 						hasPolicy := r.policy != nil
-						wantPolicy := !r.Unlimited && r.RequestsPerUnit > 0
+						wantPolicy := r.PolicyID == "" && !r.Unlimited && r.RequestsPerUnit > 0
 						if hasPolicy != wantPolicy {
 							t.Fatalf("rule %s: policy %v, want %v", r.Path, hasPolicy, wantPolicy)
+						}
+						if r.PolicyID != "" && !slices.Contains(c.PolicyIDs(), r.PolicyID) {
+							t.Fatalf("rule %s names policy %q, not in PolicyIDs %v", r.Path, r.PolicyID, c.PolicyIDs())
 						}
 					}
 					walk(ch, depth+1)
@@ -346,7 +351,7 @@ func TestWatcherFollowsLinks(t *testing.T) {
 	require.NoError(t, os.Symlink(cm, filepath.Join(base, "current")))
 
 	var applied []*Config
-	w, err := NewWatcher(filepath.Join(base, "current"), ParseOptions{}, func(c *Config) { applied = append(applied, c) }, nil)
+	w, err := NewWatcher(filepath.Join(base, "current"), ParseOptions{}, func(c *Config) error { applied = append(applied, c); return nil }, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"limits.yaml"}, w.Current().Files(), "..v1 and ..data are not read twice")
 	assert.Equal(t, uint32(1), w.Current().Lookup("d", es("x", "1")).Rule.RequestsPerUnit)

@@ -14,6 +14,15 @@
 // descriptor gets the rule found at its last entry, and none when the
 // configuration is shallower or deeper than the descriptor.
 //
+// Quotient policies: a rule may name a Quotient policy document instead of
+// a unit and a limit (rate_limit: {policy: ID}, Quotient's one extension
+// of the format); the descriptor tree matches as above and the policy of
+// the limiter's own set with that id decides, with its algorithm, cost
+// (the entry of the descriptor's "method" and "path" entries), class,
+// on_store_failure, mode, scope and overrides. Invariant: every policy the
+// configuration in force names is in the policy set in force
+// ([Server.SetConfig] and [Server.SetPolicies] refuse what would break it).
+//
 // Translation: every rule with a limit becomes a Quotient fixed_window
 // policy of requests_per_unit per unit, windows aligned to the Unix epoch
 // as in envoyproxy/ratelimit (a month is 30 days, a year 365 days, a week

@@ -125,7 +125,7 @@ func sameStamps(a, b []fileStamp) bool {
 type Watcher struct {
 	dir    string
 	opts   ParseOptions
-	apply  func(*Config)
+	apply  func(*Config) error
 	logger *slog.Logger
 
 	mu      sync.Mutex
@@ -136,10 +136,12 @@ type Watcher struct {
 }
 
 // NewWatcher loads dir once and returns a Watcher that calls apply with
-// every configuration that loads, starting with this one. It fails when
-// the first load fails (there is no last good configuration to keep).
-// logger may be nil.
-func NewWatcher(dir string, opts ParseOptions, apply func(*Config), logger *slog.Logger) (*Watcher, error) {
+// every configuration that loads, starting with this one; a configuration
+// that apply refuses (an error: say, it names a policy the server does not
+// have) is a failed reload like one that does not parse. It fails when the
+// first load fails (there is no last good configuration to keep). logger
+// may be nil.
+func NewWatcher(dir string, opts ParseOptions, apply func(*Config) error, logger *slog.Logger) (*Watcher, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -154,9 +156,10 @@ func NewWatcher(dir string, opts ParseOptions, apply func(*Config), logger *slog
 	if err != nil {
 		return nil, err
 	}
-	w := &Watcher{dir: dir, opts: opts, apply: apply, logger: logger, stamps: stamps, current: cfg}
-	apply(cfg)
-	return w, nil
+	if err := apply(cfg); err != nil {
+		return nil, err
+	}
+	return &Watcher{dir: dir, opts: opts, apply: apply, logger: logger, stamps: stamps, current: cfg}, nil
 }
 
 // OnCheck sets a hook called after every reload attempt with its result
@@ -202,7 +205,9 @@ func (w *Watcher) Check() bool {
 		case len(files) == 0:
 			err = fmt.Errorf("%w: %s: no *.yaml or *.yml file", ErrInvalidConfig, w.dir)
 		default:
-			cfg, err = Parse(files, w.opts)
+			if cfg, err = Parse(files, w.opts); err == nil {
+				err = w.apply(cfg)
+			}
 		}
 	}
 	if err != nil {
@@ -215,7 +220,6 @@ func (w *Watcher) Check() bool {
 		return false
 	}
 	w.stamps, w.current, w.lastErr = stamps, cfg, nil
-	w.apply(cfg)
 	w.logger.Info("rls: configuration reloaded", "dir", w.dir, "files", len(cfg.files), "domains", len(cfg.domains), "rules", cfg.rules)
 	if w.onCheck != nil {
 		w.onCheck(true)

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/limiter/httplimit"
@@ -27,9 +28,12 @@ import (
 
 // ServerConfig configures a Server.
 type ServerConfig struct {
-	// Limiter decides; its store, deadline, breaker, fallback and deny
-	// cache apply to every request. Required. Its own policy set is not
-	// used: the configuration's rules are passed with each request.
+	// Limiter decides; its store, deadline, breaker, fallback, deny
+	// cache and overrides apply to every request. Required. Its own
+	// policy set is the set of Quotient policy documents that rules name
+	// with rate_limit.policy (change it with Server.SetPolicies, not on
+	// the limiter); the envoyproxy rules' policies are passed with each
+	// request.
 	Limiter *limiter.Limiter
 	// Config is the configuration in force until SetConfig. Required.
 	Config *Config
@@ -38,6 +42,12 @@ type ServerConfig struct {
 	// to over-limit responses, as envoyproxy's
 	// LIMIT_RESPONSE_HEADERS_ENABLED does with its own fields. Default off.
 	ResponseHeaders bool
+	// MaxDelay is the longest a response is held for a shaping
+	// (leaky_bucket) policy that admits with a delay, so that the
+	// upstream sees the policy's drain rate; it is also bounded by the
+	// caller's deadline (keep Envoy's timeout above it). Default 0:
+	// answer at once (a leaky bucket then admits its queue as a burst).
+	MaxDelay time.Duration
 }
 
 // Server implements envoy.service.ratelimit.v3.RateLimitService. It is
@@ -46,9 +56,12 @@ type ServerConfig struct {
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	l       *limiter.Limiter
-	cfg     atomic.Pointer[Config]
-	headers bool
+	l        *limiter.Limiter
+	cfg      atomic.Pointer[Config]
+	pols     atomic.Pointer[map[string]*limiter.Policy] // the limiter's set by id
+	headers  bool
+	maxDelay time.Duration
+	setMu    sync.Mutex // serialises SetConfig and SetPolicies
 
 	overrides sync.Map // overrideKey -> *limiter.Policy
 	nOverride atomic.Int64
@@ -59,7 +72,14 @@ type Server struct {
 // per-descriptor limit overrides of requests.
 const maxOverridePolicies = 4096
 
-// NewServer returns a Server. It fails when Limiter or Config is nil.
+// ErrUnknownPolicy is wrapped by the errors of a configuration that names
+// a Quotient policy missing from the policy set, and of a policy set that
+// lacks a policy the configuration names.
+var ErrUnknownPolicy = errors.New("rls: unknown policy")
+
+// NewServer returns a Server. It fails when Limiter or Config is nil, when
+// MaxDelay is negative, and when Config names (rate_limit.policy) a
+// policy that is not in the limiter's policy set.
 func NewServer(c ServerConfig) (*Server, error) {
 	if c.Limiter == nil {
 		return nil, errors.New("rls: ServerConfig.Limiter is required")
@@ -67,26 +87,78 @@ func NewServer(c ServerConfig) (*Server, error) {
 	if c.Config == nil {
 		return nil, errors.New("rls: ServerConfig.Config is required")
 	}
-	s := &Server{l: c.Limiter, headers: c.ResponseHeaders}
+	if c.MaxDelay < 0 {
+		return nil, fmt.Errorf("rls: ServerConfig.MaxDelay must be >= 0, got %v", c.MaxDelay)
+	}
+	s := &Server{l: c.Limiter, headers: c.ResponseHeaders, maxDelay: c.MaxDelay}
+	pols := byID(c.Limiter.Policies())
+	if err := missing(c.Config, pols); err != nil {
+		return nil, err
+	}
+	s.pols.Store(&pols)
 	s.cfg.Store(c.Config)
 	s.pool.New = func() any { return &call{} }
 	return s, nil
 }
 
+func byID(ps []*limiter.Policy) map[string]*limiter.Policy {
+	m := make(map[string]*limiter.Policy, len(ps))
+	for _, p := range ps {
+		m[p.ID] = p
+	}
+	return m
+}
+
+// missing names the first policy c names that pols lacks.
+func missing(c *Config, pols map[string]*limiter.Policy) error {
+	id, path := c.MissingPolicy(func(id string) bool { return pols[id] != nil })
+	if id == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: %q, named by rate_limit.policy of %s, is not in the policy set (--policies or the coordinators' snapshot)", ErrUnknownPolicy, id, path)
+}
+
 // SetConfig replaces the configuration; requests in flight finish with
-// the one they started with. It clears the limiter's deny cache and
-// fallback limiters (through SetPolicies of the limiter's own, unchanged
-// set), so that a raised limit admits at once a descriptor that the old
-// limit had rejected until the end of its window.
-func (s *Server) SetConfig(c *Config) {
+// the one they started with. It refuses (ErrUnknownPolicy, the old one
+// stays) a configuration that names a policy missing from the policy set.
+// It clears the limiter's deny cache and fallback limiters (through
+// SetPolicies of the limiter's own, unchanged set), so that a raised limit
+// admits at once a descriptor that the old limit had rejected until the
+// end of its window.
+func (s *Server) SetConfig(c *Config) error {
 	if c == nil {
-		return
+		return errors.New("rls: SetConfig of a nil configuration")
+	}
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	if err := missing(c, *s.pols.Load()); err != nil {
+		return err
 	}
 	s.cfg.Store(c)
 	if err := s.l.SetPolicies(s.l.Policies()); err != nil {
 		// The limiter's own set was validated when it was set.
 		panic("rls: the limiter rejected its own policy set: " + err.Error())
 	}
+	return nil
+}
+
+// SetPolicies replaces the Quotient policy set that rules name with
+// rate_limit.policy (it becomes the limiter's own set). It refuses a set
+// that lacks a policy the configuration in force names (ErrUnknownPolicy)
+// or that the limiter refuses; the old set then stays. Safe for concurrent
+// use; requests in flight finish with the policy they found.
+func (s *Server) SetPolicies(ps []*limiter.Policy) error {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	pols := byID(ps)
+	if err := missing(s.cfg.Load(), pols); err != nil {
+		return err
+	}
+	if err := s.l.SetPolicies(ps); err != nil {
+		return err
+	}
+	s.pols.Store(&pols)
+	return nil
 }
 
 // Config is the configuration in force.
@@ -103,7 +175,8 @@ type unit struct {
 
 // desc is what the server knows of one request descriptor.
 type desc struct {
-	rule      *Rule // nil: no rule applies (or it was replaced)
+	rule      *Rule           // nil: no rule applies (or it was replaced)
+	policy    *limiter.Policy // what decides it in the store; nil: none
 	limit     *rlsv3.RateLimitResponse_RateLimit
 	window    int64 // seconds
 	unit      int   // index into call.units; -1 when not decided by the store
@@ -298,6 +371,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	// Rules of each descriptor, then replaces.
 	var replaced map[string]bool
 	var values []string
+	var pols map[string]*limiter.Policy // loaded at the first rate_limit.policy
 	for i, d := range req.Descriptors {
 		dd := desc{unit: -1}
 		entries := d.GetEntries()
@@ -314,7 +388,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				if err != nil {
 					return nil, invalid("descriptors[%d].limit: %v", i, err)
 				}
-				dd.rule.policy = p
+				dd.policy = p
 			}
 			values = values[:0]
 			for _, e := range entries {
@@ -329,8 +403,26 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			if m.Rule != nil {
 				dd.rule = m.Rule
 				dd.window = m.Rule.Unit.Seconds()
+				dd.policy = m.Rule.policy
+				if id := m.Rule.PolicyID; id != "" {
+					if pols == nil {
+						pols = *s.pols.Load()
+					}
+					p := pols[id]
+					if p == nil {
+						// A new configuration and policy set were swapped
+						// between the two loads of this request.
+						return nil, status.Errorf(codes.Unavailable, "rls: policy %q changed under the request; retry", id)
+					}
+					dd.policy = p
+					dd.window = p.NominalWindowSec()
+					dd.limit = policyLimit(m.Rule.Name, p)
+					costs[i] = min(costs[i]*descriptorCost(p, entries), limiter.MaxCost)
+				}
 				if !m.Rule.Unlimited {
-					dd.limit = &rlsv3.RateLimitResponse_RateLimit{Name: m.Rule.Name, RequestsPerUnit: m.Rule.RequestsPerUnit, Unit: responseUnits[m.Rule.Unit]}
+					if dd.limit == nil {
+						dd.limit = &rlsv3.RateLimitResponse_RateLimit{Name: m.Rule.Name, RequestsPerUnit: m.Rule.RequestsPerUnit, Unit: responseUnits[m.Rule.Unit]}
+					}
 					for _, r := range m.Rule.Replaces {
 						if replaced == nil {
 							replaced = map[string]bool{}
@@ -341,13 +433,12 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			}
 			values = append(values[:0], m.Values...)
 		}
-		if dd.rule != nil && !dd.rule.Unlimited && dd.rule.RequestsPerUnit == 0 {
+		if dd.rule != nil && !dd.rule.Unlimited && dd.rule.PolicyID == "" && dd.rule.RequestsPerUnit == 0 {
 			dd.alwaysOvr = true
 		}
-		if dd.rule != nil && dd.rule.policy != nil {
-			p := dd.rule.policy
+		if dd.policy != nil {
 			subj := limiter.Subject{Kind: limiter.SubjectDescriptor, Value: subjectValue(req.Domain, entries, values)}
-			dd.unit = c.addUnit(subj, p, costs[i])
+			dd.unit = c.addUnit(subj, dd.policy, costs[i])
 		}
 		c.descs = append(c.descs, dd)
 	}
@@ -375,6 +466,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 
 	now := s.l.Now()
 	rejected := false
+	var delay time.Duration
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		peek := g.cost == 0 || rejected
@@ -388,6 +480,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		if !c.d.Allowed {
 			rejected = true
 		}
+		delay = max(delay, c.d.Delay)
 		base := len(c.all)
 		c.all = append(c.all, c.d.Policies...)
 		for i := range c.units {
@@ -404,7 +497,71 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			}
 		}
 	}
-	return s.respond(now, c), nil
+	resp := s.respond(now, c)
+	if delay > 0 && s.maxDelay > 0 && resp.OverallCode == rlsv3.RateLimitResponse_OK {
+		// A shaping policy admitted this request for later: hold the
+		// answer so that the upstream sees the drain rate.
+		t := time.NewTimer(min(delay, s.maxDelay))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	return resp, nil
+}
+
+// descriptorCost is the cost of one hit of a descriptor under a Quotient
+// policy's cost table: the entry of the descriptor's "method" and "path"
+// entries (both present), else 1. Envoy's request_headers actions with
+// descriptor_key method and path (header_name :method and :path) give
+// them; a share_threshold wildcard over them keeps one counter per caller.
+func descriptorCost(p *limiter.Policy, entries []*ratelimitv3.RateLimitDescriptor_Entry) int64 {
+	if len(p.Cost) == 0 {
+		return 1
+	}
+	var method, path string
+	var hasM, hasP bool
+	for _, e := range entries {
+		switch e.GetKey() {
+		case "method":
+			method, hasM = e.GetValue(), true
+		case "path":
+			path, hasP = e.GetValue(), true
+		}
+	}
+	if !hasM || !hasP {
+		return 1
+	}
+	return p.CostOf(method, path)
+}
+
+// policyLimit is the current_limit of a descriptor decided by a Quotient
+// policy: for windows, the limit per window (the largest unit that
+// divides the window, with unit_multiplier for the rest); for buckets, the
+// refill rate per the smallest unit that makes it whole (rounded up per
+// day when none does).
+func policyLimit(name string, p *limiter.Policy) *rlsv3.RateLimitResponse_RateLimit {
+	units := []Unit{Year, Month, Week, Day, Hour, Minute, Second}
+	if w := p.NominalWindowSec(); w > 0 {
+		for _, u := range units {
+			if w%u.Seconds() == 0 {
+				rl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: clampUint32(p.Limit), Unit: responseUnits[u]}
+				if m := w / u.Seconds(); m > 1 {
+					rl.UnitMultiplier = wrapperspb.UInt32(uint32(m))
+				}
+				return rl
+			}
+		}
+	}
+	milli := p.RateMilli()
+	for _, u := range []Unit{Second, Minute, Hour} {
+		if (milli*u.Seconds())%1000 == 0 {
+			return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: clampUint32(milli * u.Seconds() / 1000), Unit: responseUnits[u]}
+		}
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: clampUint32((milli*Day.Seconds() + 999) / 1000), Unit: responseUnits[Day]}
 }
 
 // addUnit adds (subject, policy) with cost, merging a descriptor repeated

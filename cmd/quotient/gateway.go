@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -50,15 +49,11 @@ flags:`
 
 // gatewayConfig is the parsed command line of `quotient gateway`.
 type gatewayConfig struct {
-	listen, upstream, redis, policies, keys, trusted, region, metricsListen string
-	regions                                                                 string // comma list; "" = the coordinator's record
-	policySource                                                            string // "file" or "redis"
-	timeout, reload, epoch, maxDelay, shutdown, policyInterval, usageFlush  time.Duration
-	instances, usageShards, pipeline                                        int
-	eventSample                                                             float64
-	redisSec                                                                redisSecurity // TLS and AUTH to Redis (transport.go)
-	redisCluster                                                            bool          // --redis is one cluster configuration endpoint
-	warm                                                                    warmFlags     // warm start and readiness (gateway_ready.go)
+	limiterFlags                                   // Redis, deadline, region set, usage (limiterstack.go)
+	policyFlags                                    // --policies, --policy-source (limiterstack.go)
+	listen, upstream, keys, trusted, metricsListen string
+	reload, maxDelay, shutdown                     time.Duration
+	warm                                           warmFlags // warm start and readiness (gateway_ready.go)
 }
 
 func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
@@ -69,29 +64,16 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 		fmt.Fprintln(env.stderr, gatewayUsage)
 		fs.PrintDefaults()
 	}
+	c.limiterFlags.register(fs)
+	c.policyFlags.register(fs, "policy file, a JSON array of policy documents (required with --policy-source file; with redis, the set until the first snapshot)")
 	fs.StringVar(&c.listen, "listen", ":8080", "address to serve on")
 	fs.StringVar(&c.upstream, "upstream", "", "URL of the service to forward to (required)")
-	fs.StringVar(&c.redis, "redis", "", "region Redis address; a comma list of several means a Redis Cluster (required)")
-	fs.StringVar(&c.policies, "policies", "", "policy file, a JSON array of policy documents (required with --policy-source file; with redis, the set until the first snapshot)")
-	fs.StringVar(&c.policySource, "policy-source", "file", "where policies come from: file (--policies, watched) or redis (the coordinators' snapshot of the policy log, with overrides)")
-	fs.DurationVar(&c.policyInterval, "policy-interval", 30*time.Second, "with --policy-source redis: longest time between two reads of the snapshot (a lost notification delays a change by at most this)")
 	fs.StringVar(&c.keys, "keys", "", `JSON object mapping each API key to {"tier": ..., "account": ...}`)
 	fs.StringVar(&c.trusted, "trusted-proxies", "", "comma list of CIDR prefixes whose X-Forwarded-For / Forwarded is believed")
-	fs.StringVar(&c.region, "region", "", "this region's name, one of --regions (global fixed windows are counted under it; a label on every metric); default: the coordinator's record, else \"local\"")
-	fs.StringVar(&c.regions, "regions", "", "comma-separated names of every region sharing global policies, the coordinators' --regions (a key without a share record gets 1/n of a global limit); default: what the region's coordinator wrote to Redis. Required with scope:global policies when the coordinator has written nothing")
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve /metrics on this address instead of on --listen")
-	fs.DurationVar(&c.timeout, "timeout", 5*time.Millisecond, "deadline of every Redis call; no request waits longer (plus scheduling)")
 	fs.DurationVar(&c.reload, "reload-interval", 5*time.Second, "how often the policies file is checked for changes (mtime and size)")
-	fs.DurationVar(&c.epoch, "epoch", 10*time.Second, "usage epoch of global policies, shared with the coordinator")
-	fs.DurationVar(&c.usageFlush, "usage-flush", time.Second, "how often the usage of global policies is written to Redis for the coordinator; keep it well below the coordinator's --collect-delay, or an epoch's last usage is read an epoch late")
 	fs.DurationVar(&c.maxDelay, "max-delay", 5*time.Second, "longest a shaped (leaky bucket) request is held")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 10*time.Second, "how long in-flight requests get on shutdown")
-	fs.IntVar(&c.instances, "instances", 1, "gateway instances in the region (local fallbacks get rate / instances)")
-	fs.IntVar(&c.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (must match the coordinator)")
-	fs.Float64Var(&c.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
-	c.redisSec.register(fs)
-	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "--redis is a single Redis Cluster configuration endpoint (ElastiCache cluster mode, as deploy/terraform creates)")
-	fs.IntVar(&c.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
 	addWarmFlags(fs, &c.warm)
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return nil, err
@@ -104,29 +86,14 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	case c.upstream == "":
 		return nil, errors.New("--upstream is required (or QUOTIENT_UPSTREAM)")
-	case c.redis == "":
-		return nil, errors.New("--redis is required (or QUOTIENT_REDIS)")
-	case c.policySource != "file" && c.policySource != "redis":
-		return nil, fmt.Errorf("--policy-source %q: want file or redis", c.policySource)
-	case c.policies == "" && c.policySource == "file":
-		return nil, errors.New("--policies is required (or QUOTIENT_POLICIES) unless --policy-source redis")
-	case c.policyInterval <= 0:
-		return nil, fmt.Errorf("--policy-interval must be > 0, got %v", c.policyInterval)
-	case c.timeout <= 0:
-		return nil, fmt.Errorf("--timeout must be > 0, got %v", c.timeout)
-	case c.usageFlush <= 0:
-		return nil, fmt.Errorf("--usage-flush must be > 0, got %v", c.usageFlush)
 	case c.reload <= 0:
 		return nil, fmt.Errorf("--reload-interval must be > 0, got %v", c.reload)
-	case c.instances < 1:
-		return nil, fmt.Errorf("--instances must be >= 1, got %d", c.instances)
-	case c.pipeline < 0 || c.pipeline > 256:
-		return nil, fmt.Errorf("--redis-pipeline must be between 0 and 256, got %d", c.pipeline)
-	case c.eventSample < 0 || c.eventSample > 1:
-		return nil, fmt.Errorf("--event-sample must be in [0, 1], got %v", c.eventSample)
 	}
-	if c.eventSample == 0 {
-		c.eventSample = -1 // the limiter's "off"
+	if err := c.limiterFlags.validate(); err != nil {
+		return nil, err
+	}
+	if err := c.policyFlags.validate(true); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -164,109 +131,27 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 			return err
 		}
 	}
-	var policies []*limiter.Policy
-	if cfg.policies != "" {
-		data, err := os.ReadFile(cfg.policies)
-		if err != nil {
-			return fmt.Errorf("--policies: %w", err)
-		}
-		if policies, err = limiter.ParsePolicies(data); err != nil {
-			return fmt.Errorf("--policies %s: %w", cfg.policies, err)
-		}
-	}
-
-	redisOpts, err := cfg.redisSec.options(cfg.redis, cfg.redisCluster, env.lookupEnv)
+	policies, err := cfg.policyFlags.initial(os.ReadFile)
 	if err != nil {
 		return err
 	}
-	if err := checkRedis(ctx, redisOpts, &cfg.redisSec, log); err != nil {
-		return err
-	}
-	client := newRedisClient(redisOpts)
-	defer client.Close()
-	flagSet, err := flagRegionSet(cfg)
-	if err != nil {
-		return err
-	}
-	regions := &gatewayRegions{flags: flagSet, client: client, log: log, mismatch: prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "quotient_gateway_region_set_mismatch",
-		Help: "1 when the gateway's --region/--regions/--epoch/--usage-shards disagree with what the region's coordinator wrote to Redis (the coordinator's region set is enforced), else 0.",
-	})}
-	if err := regions.resolve(ctx, cfg, policies); err != nil {
-		return err
-	}
-	cfg.region = regions.region(cmp.Or(cfg.region, "local"))
-	log = log.With("region", cfg.region)
-	regions.log = log
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	regionReg := prometheus.WrapRegistererWith(prometheus.Labels{"region": cfg.region}, reg)
-	regionReg.MustRegister(regions.mismatch)
-	lcfg := limiter.DefaultConfig()
-	var rs *limiter.RedisStore
-	if cfg.pipeline > 0 {
-		pcfg := limiter.DefaultPipelineConfig()
-		pcfg.Workers = cfg.pipeline
-		store, err := limiter.NewPipelinedRedisStore(client, pcfg)
-		if err != nil {
-			return err
-		}
-		defer store.Close()
-		rs = store
-	} else {
-		rs = limiter.NewRedisStore(client)
-	}
-	lcfg.Store = rs
-	lcfg.Region = cfg.region
-	lcfg.Deadline = cfg.timeout
-	lcfg.Instances = cfg.instances
-	lcfg.UsageEpoch = cfg.epoch
-	lcfg.EventSampleRate = cfg.eventSample
-	lcfg.Logger = log
-	lcfg.Metrics = regionReg
-	// The limiter asks the reloader for overrides; the reloader needs the
-	// limiter: the hook is set once both exist, before any request.
-	hook := &overrideHook{}
-	if cfg.policySource == "redis" {
-		lcfg.Overrides = hook
-	}
-	l, err := limiter.New(lcfg, policies)
+	stack, err := newLimiterStack(ctx, &cfg.limiterFlags, env.lookupEnv, stackOptions{name: "gateway", policies: policies, overrides: cfg.source == "redis"}, log, reg)
 	if err != nil {
 		return err
 	}
-	if err := regions.attach(l); err != nil {
-		return err
-	}
-
-	var watcher *policyWatcher
-	var reloader *policysync.Reloader
-	if cfg.policySource == "file" {
-		reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "quotient_gateway_policy_reloads_total",
-			Help: "Policy file reloads by result (ok, error).",
-		}, []string{"result"})
-		regionReg.MustRegister(reloads)
-		watcher = &policyWatcher{path: cfg.policies, l: regions.guard(l), log: log, reloads: reloads}
-		if err := watcher.init(); err != nil {
-			return err
-		}
-	} else {
-		reloader, err = policysync.NewReloader(policysync.ReloaderConfig{Client: client, Target: regions.guard(l), Interval: cfg.policyInterval, Logger: log, Metrics: regionReg})
-		if err != nil {
-			return err
-		}
-		hook.r.Store(reloader)
-	}
-
-	ready, err := newGatewayReadiness(rs, reloader, cfg.warm, log, regionReg)
+	defer stack.Close()
+	l, log := stack.limiter, stack.log
+	source, err := stack.startPolicies(&cfg.policyFlags, cfg.reload, l, "gateway")
 	if err != nil {
 		return err
 	}
-
-	flusher := limiter.NewUsageFlusher(l, limiter.NewRedisUsageSink(client, cfg.usageShards, cfg.epoch, 3), limiter.UsageFlusherConfig{Interval: cfg.usageFlush, Logger: log})
-	flusher.Start()
-	defer flusher.Stop()
+	ready, err := newGatewayReadiness(stack.store, source.reloader, cfg.warm, log, stack.reg)
+	if err != nil {
+		return err
+	}
 
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -327,12 +212,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go ready.run(watchCtx)
-	go regions.run(watchCtx, regionSetInterval)
-	if watcher != nil {
-		go watcher.run(watchCtx, cfg.reload)
-	} else {
-		go func() { _ = reloader.Run(watchCtx) }()
-	}
+	go source.run(watchCtx)
 
 	var serveErr error
 	select {
@@ -413,6 +293,7 @@ type policyWatcher struct {
 	l       policySetter
 	log     *slog.Logger
 	reloads *prometheus.CounterVec
+	every   time.Duration // how often run checks
 
 	seenMod  time.Time
 	seenSize int64

@@ -47,13 +47,15 @@ const regionSetInterval = 10 * time.Second
 // regionSetReadTimeout bounds one read of the coordinator's region set.
 const regionSetReadTimeout = 2 * time.Second
 
-// gatewayRegions tracks the region set of a gateway. Safe for concurrent
+// gatewayRegions tracks the region set of a serving process (quotient
+// gateway, quotient rls: the same rules for both). Safe for concurrent
 // use.
 type gatewayRegions struct {
 	flags    *limiter.RegionSet // from --region/--regions; nil when not given
 	client   redis.UniversalClient
 	log      *slog.Logger
 	mismatch prometheus.Gauge
+	name     string // the subcommand, in messages; "" = gateway
 
 	mu    sync.Mutex
 	known bool              // a region set is in force
@@ -61,9 +63,9 @@ type gatewayRegions struct {
 	lim   *limiter.Limiter  // set by attach
 }
 
-// flagRegionSet is the region set the gateway's flags give, nil when
-// --regions is empty.
-func flagRegionSet(cfg *gatewayConfig) (*limiter.RegionSet, error) {
+// flagRegionSet is the region set the flags give, nil when --regions is
+// empty.
+func flagRegionSet(cfg *limiterFlags) (*limiter.RegionSet, error) {
 	if cfg.regions == "" {
 		return nil, nil
 	}
@@ -84,7 +86,7 @@ func flagRegionSet(cfg *gatewayConfig) (*limiter.RegionSet, error) {
 // coordinator's record, and adjusts cfg's epoch and usage shards to the
 // record. It fails when a global policy is among policies and no set is
 // known.
-func (g *gatewayRegions) resolve(ctx context.Context, cfg *gatewayConfig, policies []*limiter.Policy) error {
+func (g *gatewayRegions) resolve(ctx context.Context, cfg *limiterFlags, policies []*limiter.Policy) error {
 	rec, ok := g.read(ctx)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -152,7 +154,7 @@ func (g *gatewayRegions) compare(rec limiter.RegionSet) {
 		return
 	}
 	g.mismatch.Set(1)
-	g.log.Error("the gateway's --region/--regions/--epoch/--usage-shards disagree with the region's coordinator; enforcing the coordinator's region set", "differences", strings.Join(diff, "; "))
+	g.log.Error("the "+g.who()+"'s --region/--regions/--epoch/--usage-shards disagree with the region's coordinator; enforcing the coordinator's region set", "differences", strings.Join(diff, "; "))
 }
 
 // refresh reads the record again and applies a change.
@@ -171,7 +173,7 @@ func (g *gatewayRegions) refresh(ctx context.Context) {
 	}
 	if g.known && (rec.Epoch != g.cur.Epoch || rec.UsageShards != g.cur.UsageShards) {
 		g.mismatch.Set(1)
-		g.log.Error("the coordinator's usage epoch or shard count changed; restart the gateway to follow it (usage written meanwhile may not be read)", "epoch", rec.Epoch, "usage_shards", rec.UsageShards, "gateway_epoch", g.cur.Epoch, "gateway_usage_shards", g.cur.UsageShards)
+		g.log.Error("the coordinator's usage epoch or shard count changed; restart the "+g.who()+" to follow it (usage written meanwhile may not be read)", "epoch", rec.Epoch, "usage_shards", rec.UsageShards, "gateway_epoch", g.cur.Epoch, "gateway_usage_shards", g.cur.UsageShards)
 		rec.Epoch, rec.UsageShards = g.cur.Epoch, g.cur.UsageShards
 	}
 	if g.lim != nil {
@@ -189,19 +191,30 @@ func (g *gatewayRegions) run(ctx context.Context, every time.Duration) {
 	tickEvery(ctx, every, func() { g.refresh(ctx) })
 }
 
-// guard is the limiter as a policy setter that refuses a set with a
-// global policy while no region set is known.
-func (g *gatewayRegions) guard(l *limiter.Limiter) policySetter {
-	return guardedSetter{g: g, l: l}
+// guard is target (the limiter, or what sets its policies) as a policy
+// setter that refuses a set with a global policy while no region set is
+// known.
+func (g *gatewayRegions) guard(target policySetter) policySetter {
+	return guardedSetter{g: g, l: target}
 }
 
+// policySetter takes a new policy set, or refuses it with an error (the
+// last set stays in force). *limiter.Limiter and *rls.Server are ones.
 type policySetter interface {
 	SetPolicies([]*limiter.Policy) error
 }
 
 type guardedSetter struct {
 	g *gatewayRegions
-	l *limiter.Limiter
+	l policySetter
+}
+
+// who names the process in messages.
+func (g *gatewayRegions) who() string {
+	if g.name == "" {
+		return "gateway"
+	}
+	return g.name
 }
 
 func (s guardedSetter) SetPolicies(ps []*limiter.Policy) error {
@@ -209,7 +222,7 @@ func (s guardedSetter) SetPolicies(ps []*limiter.Policy) error {
 	known, n := s.g.known, len(s.g.cur.Regions)
 	s.g.mu.Unlock()
 	if id := firstGlobal(ps); id != "" && !known {
-		return fmt.Errorf("policy %q is scope global but the gateway knows no region set: pass --regions and --region, or start the region's coordinator", id)
+		return fmt.Errorf("policy %q is scope global but the %s knows no region set: pass --regions and --region, or start the region's coordinator", id, s.g.who())
 	}
 	if known {
 		if err := checkGlobalBursts(ps, n); err != nil {

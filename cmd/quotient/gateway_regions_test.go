@@ -120,7 +120,7 @@ func TestGatewayRegionsFollowTheRecord(t *testing.T) {
 	l, err := limiter.New(limiter.DefaultConfig(), nil)
 	require.NoError(t, err)
 	g := &gatewayRegions{client: srv.Client(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), mismatch: prometheus.NewGauge(prometheus.GaugeOpts{Name: "m"})}
-	cfg := &gatewayConfig{epoch: 10 * time.Second, usageShards: limiter.DefaultUsageShards}
+	cfg := &limiterFlags{epoch: 10 * time.Second, usageShards: limiter.DefaultUsageShards}
 	require.NoError(t, g.resolve(ctx, cfg, nil), "no global policy: no region set needed")
 	require.NoError(t, g.attach(l))
 	require.ErrorContains(t, g.guard(l).SetPolicies(ps), `policy "g" is scope global but the gateway knows no region set`)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -36,6 +37,12 @@ RUNTIME_APPDIRECTORY, see --config-subdir), loaded unchanged; unknown fields
 are errors naming the file and the path. The directory is checked every
 --reload-interval; a change that does not parse keeps the last good
 configuration (logged, counted in quotient_rls_config_reloads_total).
+A rule may name a Quotient policy document instead of a unit and a
+limit (rate_limit: {policy: ID}); the documents come from --policies (a
+JSON array, watched) or, with --policy-source redis, from the snapshot the
+region's coordinators materialise (with per-subject overrides). Global
+policies (scope global) take the region set from the region's coordinator
+(or --region/--regions), as quotient gateway does.
 Every flag can also be set with QUOTIENT_<FLAG> (--config-dir is
 QUOTIENT_CONFIG_DIR).
 
@@ -43,9 +50,10 @@ flags:`
 
 // rlsConfig is the parsed command line of `quotient rls`.
 type rlsConfig struct {
-	limiterFlags
+	limiterFlags                                   // Redis, deadline, region set, usage (limiterstack.go)
+	policyFlags                                    // --policies, --policy-source (limiterstack.go)
 	listen, metricsListen, configDir, configSubdir string
-	reload, shutdown                               time.Duration
+	reload, shutdown, maxDelay                     time.Duration
 	mergeDomains, headers                          bool
 }
 
@@ -58,13 +66,15 @@ func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
 		fs.PrintDefaults()
 	}
 	c.limiterFlags.register(fs)
+	c.policyFlags.register(fs, "Quotient policy file, a JSON array of policy documents that rules name with rate_limit.policy (optional; with --policy-source redis, the set until the first snapshot)")
+	fs.DurationVar(&c.maxDelay, "max-delay", 0, "longest an answer is held for a shaping (leaky_bucket) policy that admits with a delay (0: answer at once); keep Envoy's timeout above it")
 	fs.StringVar(&c.listen, "listen", ":8081", "gRPC address to serve on (envoyproxy/ratelimit's GRPC_HOST:GRPC_PORT)")
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus /metrics over HTTP on this address (none when empty)")
 	fs.StringVar(&c.configDir, "config-dir", "", "runtime directory, RUNTIME_ROOT/RUNTIME_SUBDIRECTORY (required)")
 	fs.StringVar(&c.configSubdir, "config-subdir", rls.DefaultAppDirectory, "subdirectory of --config-dir holding the YAML files (RUNTIME_APPDIRECTORY)")
 	fs.BoolVar(&c.mergeDomains, "merge-domains", false, "let several files configure one domain (MERGE_DOMAIN_CONFIG)")
 	fs.BoolVar(&c.headers, "response-headers", false, "add RateLimit-Policy and RateLimit (draft-10) to every response, Retry-After when over limit (LIMIT_RESPONSE_HEADERS_ENABLED)")
-	fs.DurationVar(&c.reload, "reload-interval", 5*time.Second, "how often the configuration directory is checked for changes")
+	fs.DurationVar(&c.reload, "reload-interval", 5*time.Second, "how often the configuration directory and the --policies file are checked for changes")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 10*time.Second, "how long in-flight calls get on shutdown")
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return nil, err
@@ -76,8 +86,13 @@ func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
 		return nil, errors.New("--config-dir is required (or QUOTIENT_CONFIG_DIR)")
 	case c.reload <= 0:
 		return nil, fmt.Errorf("--reload-interval must be > 0, got %v", c.reload)
+	case c.maxDelay < 0:
+		return nil, fmt.Errorf("--max-delay must be >= 0, got %v", c.maxDelay)
 	}
 	if err := c.limiterFlags.validate(); err != nil {
+		return nil, err
+	}
+	if err := c.policyFlags.validate(false); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -93,7 +108,7 @@ func runRLS(ctx context.Context, env environment, args []string) int {
 		fmt.Fprintf(env.stderr, "quotient rls: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(env.stderr, nil)).With("region", cfg.region)
+	log := slog.New(slog.NewTextHandler(env.stderr, nil))
 	if err := serveRLS(ctx, env, cfg, log); err != nil {
 		log.Error("quotient rls: " + err.Error())
 		return 1
@@ -102,27 +117,31 @@ func runRLS(ctx context.Context, env environment, args []string) int {
 }
 
 func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Logger) error {
+	policies, err := cfg.policyFlags.initial(os.ReadFile)
+	if err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	regionReg := prometheus.WrapRegistererWith(prometheus.Labels{"region": cfg.region}, reg)
-	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "quotient_rls_config_reloads_total",
-		Help: "Reloads of the RLS configuration directory by result (ok, error).",
-	}, []string{"result"})
-	regionReg.MustRegister(reloads)
-
-	stack, err := newLimiterStack(ctx, &cfg.limiterFlags, env.lookupEnv, nil, nil, log, regionReg)
+	stack, err := newLimiterStack(ctx, &cfg.limiterFlags, env.lookupEnv, stackOptions{name: "rls", policies: policies, overrides: cfg.source == "redis"}, log, reg)
 	if err != nil {
 		return err
 	}
 	defer stack.Close()
+	log = stack.log
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quotient_rls_config_reloads_total",
+		Help: "Reloads of the RLS configuration directory by result (ok, error).",
+	}, []string{"result"})
+	stack.reg.MustRegister(reloads)
 
 	var srv *rls.Server
 	dir := filepath.Join(cfg.configDir, cfg.configSubdir)
-	watcher, err := rls.NewWatcher(dir, rls.ParseOptions{MergeDomains: cfg.mergeDomains}, func(c *rls.Config) {
-		if srv != nil {
-			srv.SetConfig(c)
+	watcher, err := rls.NewWatcher(dir, rls.ParseOptions{MergeDomains: cfg.mergeDomains}, func(c *rls.Config) error {
+		if srv == nil {
+			return nil // the first configuration: NewServer checks it
 		}
+		return srv.SetConfig(c)
 	}, log)
 	if err != nil {
 		return fmt.Errorf("--config-dir: %w", err)
@@ -134,11 +153,19 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 			reloads.WithLabelValues("error").Inc()
 		}
 	})
-	srv, err = rls.NewServer(rls.ServerConfig{Limiter: stack.limiter, Config: watcher.Current(), ResponseHeaders: cfg.headers})
+	srv, err = rls.NewServer(rls.ServerConfig{Limiter: stack.limiter, Config: watcher.Current(), ResponseHeaders: cfg.headers, MaxDelay: cfg.maxDelay})
+	if err != nil {
+		return fmt.Errorf("--config-dir %s: %w", dir, err)
+	}
+	// New policy sets reach the limiter through the server, which refuses
+	// one that lacks a policy the configuration names.
+	source, err := stack.startPolicies(&cfg.policyFlags, cfg.reload, srv, "rls")
 	if err != nil {
 		return err
 	}
 
+	// The gRPC services, one Register line each (and a health status
+	// line below for each that health checkers may name).
 	gs := grpc.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
@@ -187,6 +214,7 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go watcher.Run(watchCtx, cfg.reload)
+	go source.run(watchCtx)
 
 	var serveErr error
 	select {

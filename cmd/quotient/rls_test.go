@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,8 +17,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/quotientlabs/quotient/internal/redistest"
+	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/region/admin"
+	"github.com/quotientlabs/quotient/region/policysync"
 )
 
 // startRLS runs `quotient rls args...` in process and returns a gRPC
@@ -130,7 +135,8 @@ func TestRLSFlags(t *testing.T) {
 		{[]string{"--redis", "127.0.0.1:1"}, "--config-dir is required"},
 		{[]string{"--config-dir", "/x"}, "--redis is required"},
 		{[]string{"--config-dir", "/x", "--redis", "a", "--timeout", "0s"}, "--timeout must be > 0"},
-		{[]string{"--config-dir", "/x", "--redis", "a", "--regions", "eu,us", "--region", "ap"}, `--regions "eu,us" does not list --region "ap"`},
+		{[]string{"--config-dir", "/x", "--redis", "a", "--policy-source", "kafka"}, `--policy-source "kafka": want file or redis`},
+		{[]string{"--config-dir", "/x", "--redis", "a", "--max-delay", "-1s"}, "--max-delay must be >= 0"},
 		{[]string{"--config-dir", "/x", "--redis", "a", "--region", "a b"}, `--region "a b"`},
 		{[]string{"--config-dir", "/x", "--redis", "a", "extra"}, `unexpected argument "extra"`},
 	}
@@ -147,4 +153,63 @@ func TestRLSFlags(t *testing.T) {
 	env := environment{stdout: &syncBuffer{}, stderr: stderr, lookupEnv: func(string) (string, bool) { return "", false }}
 	assert.Equal(t, 1, run(context.Background(), env, []string{"rls", "--listen", "127.0.0.1:0", "--redis", "127.0.0.1:1", "--config-dir", root}))
 	assert.Contains(t, stderr.String(), "bad.yaml: limits: unknown field")
+}
+
+// TestRLSFollowsRedisPolicies: with --policy-source redis, the policies
+// rules name come from the coordinators' snapshot in the region's Redis
+// (written here as the Materializer writes it), and so do per-descriptor
+// overrides; --policies is the set until the first snapshot. Every wait is
+// bounded; the waits peek (hits_addend 0), consuming nothing.
+func TestRLSFollowsRedisPolicies(t *testing.T) {
+	rs := redistest.StartServer(t)
+	root := t.TempDir()
+	rlsFile(t, filepath.Join(root, "config", "p.yaml"), "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {policy: p}\n", time.Now())
+	initial := gwFile(t, root, "p.json", `[{"id":"p","algorithm":"token_bucket","rate_per_sec":0.01,"burst":50}]`)
+	conn, stderr, _ := startRLS(t, nil, "--redis", rs.Addr(), "--config-dir", root, "--policies", initial,
+		"--policy-source", "redis", "--policy-interval", "50ms", "--timeout", "1s")
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	peek := func(tenant string) *rlsv3.RateLimitResponse_DescriptorStatus {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: tenant}}, HitsAddend: wrapperspb.UInt64(0)}}})
+		require.NoError(t, err)
+		return resp.Statuses[0]
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for !cond() {
+			require.True(t, time.Now().Before(deadline), "%s: not by the deadline; stderr:\n%s", what, stderr.String())
+			time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+		}
+	}
+	assert.Equal(t, &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 36, Unit: rlsv3.RateLimitResponse_RateLimit_HOUR}, peek("acme").GetCurrentLimit(), "the file's 0.01/s: 36 per hour")
+
+	pol := json.RawMessage(`{"id":"p","version":1,"algorithm":"token_bucket","rate_per_sec":0.001,"burst":2}`)
+	snap := policysync.Snapshot{Generation: 1, Policies: []json.RawMessage{pol}, Overrides: []admin.Override{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := policysync.WriteSnapshot(ctx, rs.Client(), snap)
+	require.NoError(t, err)
+	waitFor("the snapshot's policy in force", func() bool { return peek("acme").GetCurrentLimit().GetRequestsPerUnit() == 87 })
+	assert.Equal(t, []string{"OK", "OK", "OVER_LIMIT"}, rlsCodes(t, client, "acme", 3), "the snapshot's burst of 2")
+
+	vip := limiter.Subject{Kind: limiter.SubjectDescriptor, Value: "api/tenant=vip"}
+	snap.Generation = 2
+	snap.Overrides = []admin.Override{{ID: admin.OverrideID("p", vip.Key()), Subject: vip.Key(), Policy: "p", Burst: 6, ExpiresAt: time.Now().Add(time.Hour).UTC(), Reason: "test"}}
+	_, err = policysync.WriteSnapshot(ctx, rs.Client(), snap)
+	require.NoError(t, err)
+	waitFor("the override in force", func() bool { return peek("vip").GetLimitRemaining() == 6 })
+	assert.Equal(t, []string{"OK", "OK", "OK", "OK", "OK", "OK", "OVER_LIMIT"}, rlsCodes(t, client, "vip", 7), "the override's burst of 6")
+}
+
+// rlsCodes sends n requests of tenant's descriptor and lists the codes.
+func rlsCodes(t *testing.T, c rlsv3.RateLimitServiceClient, tenant string, n int) []string {
+	t.Helper()
+	var out []string
+	for range n {
+		out = append(out, rlsCall(t, c, "api", "tenant", tenant).OverallCode.String())
+	}
+	return out
 }
