@@ -59,6 +59,7 @@ type Coordinator struct {
 	mat      *policysync.Materializer
 
 	registry *prometheus.Registry
+	usage    *loggedUsage // the region's usage, read by every term's driver
 	leading  atomic.Bool
 	driver   atomic.Pointer[rebalancer.Driver] // the current term's; nil before the first
 	listener net.Listener
@@ -138,6 +139,7 @@ func New(cfg Config) (*Coordinator, error) {
 		return fail(err)
 	}
 	c.observer = newMetrics(c.registry, cfg.Regions)
+	c.usage = newLoggedUsage(redisio.NewSource(c.redis, cfg.UsageShards), log, c.registry)
 	c.registerRole()
 	// Check the driver's configuration now (CollectDelay against MaxWait),
 	// so a bad one fails New and not the first term.
@@ -199,7 +201,7 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, error)
 	}
 	adapter.OnReject = func(err error) { c.log.Warn("region: report rejected", "err", err) }
 	d, err := rebalancer.NewDriver(core, rebalancer.DriverConfig{
-		Usage:        redisio.NewSource(c.redis, c.cfg.UsageShards),
+		Usage:        c.usage,
 		Shares:       redisio.NewSink(c.redis, 0),
 		Bus:          adapter,
 		Clock:        c.cfg.Clock,

@@ -1,0 +1,44 @@
+package region
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quotientlabs/quotient/rebalancer"
+	"github.com/quotientlabs/quotient/rebalancer/redisio"
+)
+
+// loggedUsage is the region's usage source with its skipped fields made
+// visible: a usage field the source cannot parse (a gateway of another
+// version, a subject kind it does not know) is counted in
+// quotient_coordinator_usage_bad_fields_total and logged once per epoch
+// that has any, with the first such field. Without this the key's usage
+// silently counted as none, and its share never grew. Safe for concurrent
+// use.
+type loggedUsage struct {
+	src  *redisio.Source
+	log  *slog.Logger
+	seen atomic.Int64 // bad fields already logged
+}
+
+func newLoggedUsage(src *redisio.Source, log *slog.Logger, reg prometheus.Registerer) *loggedUsage {
+	u := &loggedUsage{src: src, log: log}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "quotient_coordinator_usage_bad_fields_total",
+		Help: "Usage entries read from this region's Redis and skipped because they do not parse (each epoch with any also logs the first one).",
+	}, func() float64 { return float64(src.BadFields()) }))
+	return u
+}
+
+// Usage implements rebalancer.UsageSource.
+func (u *loggedUsage) Usage(ctx context.Context, epoch int64) ([]rebalancer.Usage, error) {
+	out, err := u.src.Usage(ctx, epoch)
+	if n := u.src.BadFields(); n > u.seen.Load() {
+		u.log.Warn("region: usage fields skipped (unparsable); their keys' usage counts as none", "epoch", epoch, "skipped_total", n, "err", u.src.LastBadFields())
+		u.seen.Store(n)
+	}
+	return out, err
+}
