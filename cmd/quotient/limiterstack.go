@@ -196,10 +196,14 @@ func newLimiterStack(ctx context.Context, f *limiterFlags, lookupEnv func(string
 	if err != nil {
 		return fail(err)
 	}
-	s.regions = &gatewayRegions{flags: flagSet, client: s.client, log: log, name: o.name, mismatch: prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "quotient_" + o.name + "_region_set_mismatch",
-		Help: "1 when the process's --region/--regions/--epoch/--usage-shards disagree with what the region's coordinator wrote to Redis (the coordinator's region set is enforced), else 0.",
-	})}
+	// Each server's gauge by its literal name (quotient_gateway_… for the
+	// gateway, quotient_rls_… for rls), which the alert rules name.
+	mismatch := prometheus.GaugeOpts{Name: "quotient_gateway_region_set_mismatch"}
+	if o.name == "rls" {
+		mismatch = prometheus.GaugeOpts{Name: "quotient_rls_region_set_mismatch"}
+	}
+	mismatch.Help = "1 when the process's --region/--regions/--epoch/--usage-shards disagree with what the region's coordinator wrote to Redis (the coordinator's region set is enforced), else 0."
+	s.regions = &gatewayRegions{flags: flagSet, client: s.client, log: log, name: o.name, mismatch: prometheus.NewGauge(mismatch)}
 	if err := s.regions.resolve(ctx, f, o.policies); err != nil {
 		return fail(err)
 	}
