@@ -488,10 +488,18 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 	policies := *l.policies.Load()
 	var kinds [maxSubjects]SubjectKind
 	nk := 0
-	for _, p := range policies {
+	// matched[i/64] bit i%64: policies[i] matches the request (Matches
+	// runs once per policy).
+	var matchedBuf [2]uint64
+	matched := matchedBuf[:]
+	if n := (len(policies) + 63) / 64; n > len(matchedBuf) {
+		matched = make([]uint64, n)
+	}
+	for i, p := range policies {
 		if !p.Matches(req.Identity.Tier, req.Method, req.Path) {
 			continue
 		}
+		matched[i/64] |= 1 << (i % 64)
 		seen := false
 		for _, k := range kinds[:nk] {
 			if k == p.Subject {
@@ -515,8 +523,8 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 		if !ok {
 			continue
 		}
-		for _, p := range policies {
-			if p.Subject == kind && p.Matches(req.Identity.Tier, req.Method, req.Path) {
+		for i, p := range policies {
+			if p.Subject == kind && matched[i/64]&(1<<(i%64)) != 0 {
 				if l.overrides != nil {
 					if o, ok := l.overrides.Override(subj, p.ID, now); ok && o != nil && o.validated && o.ID == p.ID {
 						p = o
@@ -1000,8 +1008,8 @@ func (l *Limiter) evalAllWith(ctx context.Context, now time.Time, pols []*Policy
 // the buffers stay on the stack (through the Store interface they would
 // escape to the heap on every decision).
 func (l *Limiter) evalInMemory(ctx context.Context, ms *MemoryStore, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool) (bool, error) {
-	var opBuf [8]op
-	var resBuf [8]result
+	var opBuf [4]op
+	var resBuf [4]result
 	ops, res := opBuf[:0], resBuf[:0]
 	if len(pols) > len(opBuf) {
 		ops, res = make([]op, 0, len(pols)), make([]result, 0, len(pols))
