@@ -240,7 +240,10 @@ const maxOpsPerCall = 255
 // overwritten is reported for a refund), then per op its parameters and
 // keys. It fails, naming what was wrong, for more ops or longer keys than
 // the format holds.
-func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject, ops []op, keep bool) ([]byte, error) {
+//
+// rk, when not nil, receives where the first state key (the call's
+// route) is in buf.
+func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject, ops []op, keep bool, rk *reqKeys) ([]byte, error) {
 	if len(ops) > maxOpsPerCall {
 		return buf, fmt.Errorf("limiter: redis store: %d policies in one request, at most %d", len(ops), maxOpsPerCall)
 	}
@@ -273,8 +276,12 @@ func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject
 			buf = binary.BigEndian.AppendUint64(buf, uint64(v))
 		}
 		var err error
+		at := len(buf) + 2
 		if buf, err = appendKey(buf, subject, o.policy, o.tag()); err != nil {
 			return buf, err
+		}
+		if i == 0 && rk != nil {
+			rk.route = [2]int{at, len(buf)}
 		}
 		switch {
 		case o.replicated():
@@ -290,6 +297,12 @@ func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject
 		}
 	}
 	return buf, nil
+}
+
+// reqKeys locates keys in a request string (appendRequest): byte
+// ranges [from, to).
+type reqKeys struct {
+	route [2]int // the first state key: the node the request goes to
 }
 
 // appendKey appends "rl:{subject}:policy:tag" (stateKey, shareKey) with
@@ -316,7 +329,8 @@ var reqBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }
 // store pipelines. When ri is not nil it receives what the call wrote.
 func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Subject, ops []op, res []result, ri *refundInfo) (bool, int64, error) {
 	bp := reqBufs.Get().(*[]byte)
-	buf, err := s.appendRequest((*bp)[:0], now, subjects, ops, ri != nil)
+	var rk reqKeys
+	buf, err := s.appendRequest((*bp)[:0], now, subjects, ops, ri != nil, &rk)
 	if err != nil {
 		reqBufs.Put(bp)
 		return false, 0, err
@@ -324,7 +338,7 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 	reqStr := string(buf)
 	*bp = buf
 	reqBufs.Put(bp)
-	route := stateKey(subjects[0].Key(), ops[0].policy, ops[0].tag())
+	route := reqStr[rk.route[0]:rk.route[1]] // a substring: no copy
 	per := 5
 	if ri != nil {
 		per = 10
