@@ -201,7 +201,6 @@ type batcher struct {
 	groups map[string][]*pending // cluster: the batch's requests by node
 	order  []string              // the nodes in order of first request
 	calls  [][]*pending
-	args   []any
 	nvals  []int
 	out    []reqReply
 }
