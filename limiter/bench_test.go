@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -61,7 +63,36 @@ func storeCheck(l *Limiter, i int) error {
 
 func benchClient(tb testing.TB) *redis.Client {
 	srv := redistest.StartServer(tb)
-	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers, ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers, ContextTimeoutEnabled: true})
+	pinRedis(tb, client)
+	return client
+}
+
+// benchRedisCPUsEnv, when set (to a taskset CPU list such as "0"), pins
+// the benchmarks' redis-server to those CPUs; scripts/bench-limiter.sh
+// sets it and runs the benchmark itself on the other core (taskset -c 1),
+// so that Redis and its callers do not share a core.
+const benchRedisCPUsEnv = "QUOTIENT_BENCH_REDIS_CPUS"
+
+// pinRedis pins the server behind client to the CPUs of
+// QUOTIENT_BENCH_REDIS_CPUS (nothing when unset), with taskset on the pid
+// the server reports (INFO server: process_id).
+func pinRedis(tb testing.TB, client *redis.Client) {
+	cpus := os.Getenv(benchRedisCPUsEnv)
+	if cpus == "" {
+		return
+	}
+	info, err := client.Info(context.Background(), "server").Result()
+	require.NoError(tb, err)
+	var pid string
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid = v
+		}
+	}
+	require.NotEmpty(tb, pid, "INFO server has no process_id")
+	out, err := exec.Command("taskset", "-a", "-pc", cpus, pid).CombinedOutput()
+	require.NoError(tb, err, "%s=%s: taskset: %s", benchRedisCPUsEnv, cpus, out)
 }
 
 // runParallel runs n calls of fn spread over benchCallers goroutines and
@@ -223,12 +254,36 @@ var benchKeyNames = func() []string {
 
 // BenchmarkCheckLatencyAtHalfPeak finds the peak decision rate of Check
 // (two policies, 64 callers), then offers half of it, paced, and reports the
-// latency percentiles of one Check in microseconds.
+// latency percentiles of one Check in microseconds: direct (one script
+// call per Check) and pipelined (NewPipelinedRedisStore, the gateway's
+// default), each at half its own peak.
 func BenchmarkCheckLatencyAtHalfPeak(b *testing.B) {
-	client := benchClient(b)
-	l := benchLimiter(b, client, benchPolicies(b))
+	for _, pipelined := range []bool{false, true} {
+		name := "direct"
+		if pipelined {
+			name = "pipelined"
+		}
+		b.Run(name, func(b *testing.B) {
+			client := benchClient(b)
+			l := benchLimiter(b, client, benchPolicies(b))
+			if pipelined {
+				ps, err := NewPipelinedRedisStore(client, DefaultPipelineConfig())
+				require.NoError(b, err)
+				b.Cleanup(ps.Close)
+				cfg := DefaultConfig()
+				cfg.Store, cfg.Deadline, cfg.DenyCacheMaxKeys, cfg.EventSampleRate = ps, 10*time.Second, -1, -1
+				l, err = New(cfg, benchPolicies(b))
+				require.NoError(b, err)
+			}
+			latencyAtHalfPeak(b, l)
+		})
+	}
+}
+
+func latencyAtHalfPeak(b *testing.B, l *Limiter) {
 	ctx := context.Background()
 	check := func(i int) error { return storeCheck(l, i) }
+	runParallel(b, 2*benchCallers, check) // warm up
 	const peakOps = 30_000
 	peakTime, _ := runParallel(b, peakOps, check)
 	peak := float64(peakOps) / peakTime.Seconds()

@@ -17,8 +17,9 @@ import (
 type PipelineConfig struct {
 	// Workers is the number of pipelines in flight at once. Default 4.
 	Workers int
-	// MaxBatch is the largest number of decisions sent in one pipeline.
-	// Default 64.
+	// MaxBatch is the largest number of decisions a worker takes at once:
+	// they go out as one script call per Redis node (script.lua decides
+	// them one after the other), all in one pipeline. Default 64.
 	MaxBatch int
 	// Timeout bounds one pipeline round trip, whatever the callers'
 	// deadlines (a caller stops waiting at its own deadline; the pipeline

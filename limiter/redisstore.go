@@ -30,8 +30,9 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 
 // RedisStore is the [Store] shared by the gateways of one region: standalone
 // Redis or Redis Cluster through a go-redis UniversalClient. Each decision is
-// one EVALSHA of one Lua script (loaded on first use, re-sent with EVAL when
-// Redis has forgotten it), deciding with Redis server TIME so gateway clocks
+// one request of an EVALSHA of one Lua script (loaded on first use, re-sent
+// with EVAL when Redis has forgotten it; one request per call, or a batch of
+// concurrent callers' requests with NewPipelinedRedisStore), deciding with Redis server TIME so gateway clocks
 // do not matter, for all the subjects of a request at once when they live
 // on one node; on a cluster whose nodes split a request's subjects, one
 // call per subject in order with refunds (see eval and refund.go). Keys
@@ -67,11 +68,15 @@ type RedisStore struct {
 	cold coldSignal
 }
 
-// NewPipelinedRedisStore is NewRedisStore with automatic pipelining: the
-// decisions of concurrent callers are sent together, in pipelines of up to
-// cfg.MaxBatch script calls with cfg.Workers pipelines in flight, so Redis
-// reads and answers many calls per system call. Decisions are the same as
-// without it (each script call stays atomic); under load it raises the
+// NewPipelinedRedisStore is NewRedisStore with automatic pipelining and
+// batching: the decisions of concurrent callers are sent together, up to
+// cfg.MaxBatch at once as one script call per Redis node, with
+// cfg.Workers batches in flight, so Redis parses, runs and answers one
+// command for many decisions. Decisions are the same as without it (the
+// script decides the requests of a call one after the other, each all or
+// nothing on its own, atomically; a request whose keys turn out to be on
+// another node fails alone, having written nothing, and is decided again
+// on its own); under load it raises the
 // decisions per second one Redis serves, at no cost in latency at low load
 // (a lone decision is sent at once). A caller stops waiting at its
 // context's deadline. Close the store to stop its goroutines.
