@@ -220,3 +220,29 @@ func TestPipelineOneCallPerNode(t *testing.T) {
 		require.Equal(t, []int64{1, 1, 2}, req.vals[:3], "request %d: allowed, bucket admits, 2 left", i)
 	}
 }
+
+// TestPipelinedCheckEndsAtTheDeadline: through a pipelined store, Check
+// waits for a call queued behind one that a paused Redis holds only until
+// Config.Deadline (the pipeline's pooled timer, no context deadline from
+// the caller), answers from the fallback, and once Redis answers again
+// the call is not sent: its subject's bucket is untouched.
+func TestPipelinedCheckEndsAtTheDeadline(t *testing.T) {
+	store, l, srv, unpause, _ := pausedPipeline(t, 64)
+	short, err := New(Config{Store: store, Deadline: 50 * time.Millisecond}, l.Policies())
+	require.NoError(t, err)
+	ctx := context.Background()
+	start := time.Now()
+	d, err := short.Check(ctx, Request{Identity: Identity{APIKey: "late"}})
+	require.NoError(t, err)
+	require.Equal(t, SourceFallback, d.Source)
+	require.Less(t, time.Since(start), 5*time.Second, "answered at the 50 ms deadline, not when Redis came back")
+	unpause()
+	// One worker takes calls in order: when this one is answered, the
+	// late call was either sent or dropped.
+	after, err := l.CheckSubjectAt(ctx, time.Now(), Subject{Kind: SubjectAPIKey, Value: "after"}, l.Policies(), 1)
+	require.NoError(t, err)
+	require.True(t, after.Allowed)
+	n, err := srv.Client().Exists(ctx, StateKey(Subject{Kind: SubjectAPIKey, Value: "late"}, l.Policies()[0])).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the call of a caller past its deadline was not sent")
+}

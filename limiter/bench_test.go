@@ -518,3 +518,46 @@ func BenchmarkKeyAccountPair(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCheckAllocs is one Check at a time with two policies against a
+// local redis-server, direct and pipelined, into a reused Decision
+// (CheckInto), for its allocations per decision (-benchmem) and its
+// latency alone.
+func BenchmarkCheckAllocs(b *testing.B) {
+	for _, pipelined := range []bool{false, true} {
+		name := "direct"
+		if pipelined {
+			name = "pipelined"
+		}
+		b.Run(name, func(b *testing.B) {
+			client := benchClient(b)
+			cfg := DefaultConfig()
+			cfg.Store, cfg.Deadline, cfg.DenyCacheMaxKeys, cfg.EventSampleRate = NewRedisStore(client), 10*time.Second, -1, -1
+			if pipelined {
+				ps, err := NewPipelinedRedisStore(client, DefaultPipelineConfig())
+				require.NoError(b, err)
+				b.Cleanup(ps.Close)
+				cfg.Store = ps
+			}
+			l, err := New(cfg, benchPolicies(b))
+			require.NoError(b, err)
+			ctx := context.Background()
+			reqs := make([]Request, benchKeys)
+			for i := range reqs {
+				reqs[i] = Request{Identity: Identity{APIKey: benchKeyNames[i]}, Method: "GET", Path: "/v1/x"}
+			}
+			var d Decision
+			require.NoError(b, l.CheckInto(ctx, time.Now(), reqs[0], &d))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if err := l.CheckInto(ctx, time.Now(), reqs[i%benchKeys], &d); err != nil {
+					b.Fatal(err)
+				}
+				if d.Source != SourceStore {
+					b.Fatalf("decision answered by %s, not the store", d.Source)
+				}
+			}
+		})
+	}
+}

@@ -150,12 +150,67 @@ func (p *pipeliner) do(ctx context.Context, route, reqStr string, nvals int) (in
 		p.shed.Add(1)
 		return 0, nil, ErrPipelineFull
 	}
+	cc, bounded := ctx.(*callCtx)
+	if !bounded {
+		select {
+		case <-req.done:
+			return req.nowUs, req.vals, req.err
+		case <-ctx.Done():
+			return 0, nil, ctx.Err()
+		}
+	}
+	t := waitTimers.Get().(*time.Timer)
+	t.Reset(time.Until(cc.deadline))
+	defer func() {
+		t.Stop() // since Go 1.23 no stale tick stays in t.C after Stop
+		waitTimers.Put(t)
+	}()
 	select {
 	case <-req.done:
 		return req.nowUs, req.vals, req.err
 	case <-ctx.Done():
 		return 0, nil, ctx.Err()
+	case <-t.C:
+		return 0, nil, context.DeadlineExceeded
 	}
+}
+
+// waitTimers are the timers that end callers' waits at their deadline.
+var waitTimers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+// callCtx is a caller's context bounded by the limiter's deadline for one
+// store call, without a timer of its own: Err and Deadline report the
+// deadline, but Done closes only with the caller's context. Only code
+// that waits through the pipeline (which adds a pooled timer) or that
+// reads Deadline (go-redis with ContextTimeoutEnabled, refunds) may
+// receive it.
+type callCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+// Deadline is the earlier of the caller's deadline and the call's.
+func (c *callCtx) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+// Err is the caller's context's error, or DeadlineExceeded once the
+// call's deadline has passed.
+func (c *callCtx) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 var errPipelineClosed = errors.New("limiter: store closed")
