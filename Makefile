@@ -12,7 +12,7 @@ FUZZTIME ?= 5s
 BENCHTIME ?= 2s
 PKGS := ./...
 
-.PHONY: all build test test-unit e2e fuzz lint bench bench-rls simulate proto deps tools clean
+.PHONY: all build test test-unit e2e fuzz lint bench bench-limiter bench-rls simulate proto deps tools clean
 
 all: build
 
@@ -50,9 +50,18 @@ lint:
 	$(GO) vet $(PKGS)
 	staticcheck $(PKGS)
 
-## bench: benchmarks with memory statistics (see README for the numbers measured)
+## bench: benchmarks with memory statistics (see README for the numbers measured),
+## then the limiter core's figures, unpinned and pinned (bench-limiter)
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+	./scripts/bench-limiter.sh
+
+## bench-limiter: the limiter core's figures of the README in one run: Check
+## against redis_rate and its latency at half peak, unpinned and with
+## redis-server and the benchmark on separate cores (taskset), and the
+## MemoryStore on one core
+bench-limiter: deps
+	./scripts/bench-limiter.sh
 
 ## bench-rls: envoyproxy/ratelimit (built from its Go module) and quotient rls side by side on one redis-server, pinned and unpinned (scripts/bench-rls.sh)
 bench-rls:

@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -52,7 +54,7 @@ func benchLimiter(tb testing.TB, client *redis.Client, policies []*Policy) *Limi
 
 // storeCheck is one Check that must be answered by the store.
 func storeCheck(l *Limiter, i int) error {
-	d, err := l.Check(context.Background(), Request{Identity: Identity{APIKey: fmt.Sprintf("key-%d", i%benchKeys)}, Method: "GET", Path: "/v1/x"})
+	d, err := l.Check(context.Background(), Request{Identity: Identity{APIKey: benchKeyNames[i%benchKeys]}, Method: "GET", Path: "/v1/x"})
 	if err == nil && d.Source != SourceStore {
 		err = fmt.Errorf("decision answered by %s, not the store", d.Source)
 	}
@@ -61,7 +63,36 @@ func storeCheck(l *Limiter, i int) error {
 
 func benchClient(tb testing.TB) *redis.Client {
 	srv := redistest.StartServer(tb)
-	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers, ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers, ContextTimeoutEnabled: true})
+	pinRedis(tb, client)
+	return client
+}
+
+// benchRedisCPUsEnv, when set (to a taskset CPU list such as "0"), pins
+// the benchmarks' redis-server to those CPUs; scripts/bench-limiter.sh
+// sets it and runs the benchmark itself on the other core (taskset -c 1),
+// so that Redis and its callers do not share a core.
+const benchRedisCPUsEnv = "QUOTIENT_BENCH_REDIS_CPUS"
+
+// pinRedis pins the server behind client to the CPUs of
+// QUOTIENT_BENCH_REDIS_CPUS (nothing when unset), with taskset on the pid
+// the server reports (INFO server: process_id).
+func pinRedis(tb testing.TB, client *redis.Client) {
+	cpus := os.Getenv(benchRedisCPUsEnv)
+	if cpus == "" {
+		return
+	}
+	info, err := client.Info(context.Background(), "server").Result()
+	require.NoError(tb, err)
+	var pid string
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid = v
+		}
+	}
+	require.NotEmpty(tb, pid, "INFO server has no process_id")
+	out, err := exec.Command("taskset", "-a", "-pc", cpus, pid).CombinedOutput()
+	require.NoError(tb, err, "%s=%s: taskset: %s", benchRedisCPUsEnv, cpus, out)
 }
 
 // runParallel runs n calls of fn spread over benchCallers goroutines and
@@ -97,11 +128,63 @@ func runParallel(tb testing.TB, n int, fn func(i int) error) (time.Duration, []t
 	return time.Since(start), lat
 }
 
+// redisCost is what a redis-server has spent: the time its script calls
+// took (INFO commandstats: usec of evalsha and eval, the measure the issue
+// names) and its whole CPU time (INFO cpu: user plus system, which also
+// counts reading, parsing and answering commands).
+type redisCost struct {
+	scriptUs, cpuUs float64
+	calls           int64
+}
+
+func readRedisCost(tb testing.TB, client *redis.Client) redisCost {
+	info, err := client.Info(context.Background(), "commandstats", "cpu").Result()
+	require.NoError(tb, err)
+	var c redisCost
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+			if rest, ok := strings.CutPrefix(line, cmd); ok {
+				var calls int64
+				var usec float64
+				_, err := fmt.Sscanf(rest, "calls=%d,usec=%g,", &calls, &usec)
+				require.NoError(tb, err, line)
+				c.calls += calls
+				c.scriptUs += usec
+			}
+		}
+		for _, f := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+			if rest, ok := strings.CutPrefix(line, f); ok {
+				sec, err := strconv.ParseFloat(rest, 64)
+				require.NoError(tb, err, line)
+				c.cpuUs += sec * 1e6
+			}
+		}
+	}
+	return c
+}
+
+func (c redisCost) sub(d redisCost) redisCost {
+	return redisCost{scriptUs: c.scriptUs - d.scriptUs, cpuUs: c.cpuUs - d.cpuUs, calls: c.calls - d.calls}
+}
+
+// compareRun is one contender of BenchmarkCompareRedisRate: its time and
+// what it cost Redis.
+type compareRun struct {
+	name string
+	fn   func(i int) error
+	time time.Duration
+	cost redisCost
+}
+
 // BenchmarkCompareRedisRate measures, in the same run against the same
 // redis-server, Limiter.Check with two policies per request (directly, and
-// through a store with automatic pipelining) and redis_rate's Allow with
-// one, all with 64 concurrent callers, and reports decisions per second of
-// each and the ratios to redis_rate.
+// through a store with automatic pipelining, the gateway's default) and
+// redis_rate's Allow with one, all with 64 concurrent callers, interleaved
+// round by round, and reports decisions per second of each, the ratios to
+// redis_rate, and what a decision cost Redis: the script time per decision
+// (INFO commandstats usec / decisions) and Redis's whole CPU time per
+// decision (INFO cpu), with their ratios to redis_rate's.
 func BenchmarkCompareRedisRate(b *testing.B) {
 	client := benchClient(b)
 	l := benchLimiter(b, client, benchPolicies(b))
@@ -114,39 +197,93 @@ func BenchmarkCompareRedisRate(b *testing.B) {
 	require.NoError(b, err)
 	rr := redis_rate.NewLimiter(client)
 	ctx := context.Background()
+	runs := []*compareRun{
+		{name: "quotient", fn: func(i int) error { return storeCheck(l, i) }},
+		{name: "quotient_pipelined", fn: func(i int) error { return storeCheck(lp, i) }},
+		{name: "redis_rate", fn: func(i int) error {
+			_, err := rr.Allow(ctx, benchKeyNames[i%benchKeys], redis_rate.PerSecond(1000))
+			return err
+		}},
+	}
+	// Warm up: scripts loaded, connection pools full.
+	for _, r := range runs {
+		runParallel(b, 2*benchCallers, r.fn)
+	}
 	const perRound = 20_000
-	var qTime, pTime, rTime time.Duration
 	b.ResetTimer()
 	for round := 0; round < b.N; round++ {
-		d, _ := runParallel(b, perRound, func(i int) error { return storeCheck(l, i) })
-		qTime += d
-		d, _ = runParallel(b, perRound, func(i int) error { return storeCheck(lp, i) })
-		pTime += d
-		d, _ = runParallel(b, perRound, func(i int) error {
-			_, err := rr.Allow(ctx, fmt.Sprintf("key-%d", i%benchKeys), redis_rate.PerSecond(1000))
-			return err
-		})
-		rTime += d
+		for _, r := range runs {
+			c0 := readRedisCost(b, client)
+			d, _ := runParallel(b, perRound, r.fn)
+			r.time += d
+			r.cost = r.cost.add(readRedisCost(b, client).sub(c0))
+		}
 	}
 	b.StopTimer()
 	n := float64(b.N * perRound)
-	q, p, r := n/qTime.Seconds(), n/pTime.Seconds(), n/rTime.Seconds()
-	b.ReportMetric(q, "quotient_decisions/s")
-	b.ReportMetric(p, "quotient_pipelined_decisions/s")
-	b.ReportMetric(r, "redis_rate_decisions/s")
-	b.ReportMetric(q/r, "ratio")
-	b.ReportMetric(p/r, "ratio_pipelined")
+	rate := func(r *compareRun) float64 { return n / r.time.Seconds() }
+	q, p, rr0 := runs[0], runs[1], runs[2]
+	for _, r := range runs {
+		b.ReportMetric(rate(r), r.name+"_decisions/s")
+	}
+	b.ReportMetric(rate(q)/rate(rr0), "ratio")
+	b.ReportMetric(rate(p)/rate(rr0), "ratio_pipelined")
+	for _, r := range runs {
+		b.ReportMetric(r.cost.scriptUs/n, r.name+"_redis_script_µs/decision")
+		b.ReportMetric(r.cost.cpuUs/n, r.name+"_redis_cpu_µs/decision")
+		b.ReportMetric(float64(r.cost.calls)/n, r.name+"_script_calls/decision")
+	}
+	b.ReportMetric(p.cost.scriptUs/rr0.cost.scriptUs, "redis_script_ratio_pipelined")
+	b.ReportMetric(p.cost.cpuUs/rr0.cost.cpuUs, "redis_cpu_ratio_pipelined")
 	b.ReportMetric(0, "ns/op")
 }
 
+func (c redisCost) add(d redisCost) redisCost {
+	return redisCost{scriptUs: c.scriptUs + d.scriptUs, cpuUs: c.cpuUs + d.cpuUs, calls: c.calls + d.calls}
+}
+
+// benchKeyNames are the benchmarks' API keys, made once so that building
+// them is not measured.
+var benchKeyNames = func() []string {
+	k := make([]string, benchKeys)
+	for i := range k {
+		k[i] = fmt.Sprintf("key-%d", i)
+	}
+	return k
+}()
+
 // BenchmarkCheckLatencyAtHalfPeak finds the peak decision rate of Check
 // (two policies, 64 callers), then offers half of it, paced, and reports the
-// latency percentiles of one Check in microseconds.
+// latency percentiles of one Check in microseconds: direct (one script
+// call per Check) and pipelined (NewPipelinedRedisStore, the gateway's
+// default), each at half its own peak.
 func BenchmarkCheckLatencyAtHalfPeak(b *testing.B) {
-	client := benchClient(b)
-	l := benchLimiter(b, client, benchPolicies(b))
+	for _, pipelined := range []bool{false, true} {
+		name := "direct"
+		if pipelined {
+			name = "pipelined"
+		}
+		b.Run(name, func(b *testing.B) {
+			client := benchClient(b)
+			l := benchLimiter(b, client, benchPolicies(b))
+			if pipelined {
+				ps, err := NewPipelinedRedisStore(client, DefaultPipelineConfig())
+				require.NoError(b, err)
+				b.Cleanup(ps.Close)
+				cfg := DefaultConfig()
+				cfg.Store, cfg.Deadline, cfg.DenyCacheMaxKeys, cfg.EventSampleRate = ps, 10*time.Second, -1, -1
+				l, err = New(cfg, benchPolicies(b))
+				require.NoError(b, err)
+			}
+			latencyAtHalfPeak(b, l)
+		})
+	}
+}
+
+func latencyAtHalfPeak(b *testing.B, l *Limiter) {
 	ctx := context.Background()
 	check := func(i int) error { return storeCheck(l, i) }
+	runParallel(b, 2*benchCallers, check) // warm up
 	const peakOps = 30_000
 	peakTime, _ := runParallel(b, peakOps, check)
 	peak := float64(peakOps) / peakTime.Seconds()
@@ -377,6 +514,49 @@ func BenchmarkKeyAccountPair(b *testing.B) {
 					b.ReportMetric(n/elapsed.Seconds(), "decisions/s")
 					b.ReportMetric(0, "ns/op")
 				})
+			}
+		})
+	}
+}
+
+// BenchmarkCheckAllocs is one Check at a time with two policies against a
+// local redis-server, direct and pipelined, into a reused Decision
+// (CheckInto), for its allocations per decision (-benchmem) and its
+// latency alone.
+func BenchmarkCheckAllocs(b *testing.B) {
+	for _, pipelined := range []bool{false, true} {
+		name := "direct"
+		if pipelined {
+			name = "pipelined"
+		}
+		b.Run(name, func(b *testing.B) {
+			client := benchClient(b)
+			cfg := DefaultConfig()
+			cfg.Store, cfg.Deadline, cfg.DenyCacheMaxKeys, cfg.EventSampleRate = NewRedisStore(client), 10*time.Second, -1, -1
+			if pipelined {
+				ps, err := NewPipelinedRedisStore(client, DefaultPipelineConfig())
+				require.NoError(b, err)
+				b.Cleanup(ps.Close)
+				cfg.Store = ps
+			}
+			l, err := New(cfg, benchPolicies(b))
+			require.NoError(b, err)
+			ctx := context.Background()
+			reqs := make([]Request, benchKeys)
+			for i := range reqs {
+				reqs[i] = Request{Identity: Identity{APIKey: benchKeyNames[i]}, Method: "GET", Path: "/v1/x"}
+			}
+			var d Decision
+			require.NoError(b, l.CheckInto(ctx, time.Now(), reqs[0], &d))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if err := l.CheckInto(ctx, time.Now(), reqs[i%benchKeys], &d); err != nil {
+					b.Fatal(err)
+				}
+				if d.Source != SourceStore {
+					b.Fatalf("decision answered by %s, not the store", d.Source)
+				}
 			}
 		})
 	}

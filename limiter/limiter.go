@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -488,10 +489,18 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 	policies := *l.policies.Load()
 	var kinds [maxSubjects]SubjectKind
 	nk := 0
-	for _, p := range policies {
+	// matched[i/64] bit i%64: policies[i] matches the request (Matches
+	// runs once per policy).
+	var matchedBuf [2]uint64
+	matched := matchedBuf[:]
+	if n := (len(policies) + 63) / 64; n > len(matchedBuf) {
+		matched = make([]uint64, n)
+	}
+	for i, p := range policies {
 		if !p.Matches(req.Identity.Tier, req.Method, req.Path) {
 			continue
 		}
+		matched[i/64] |= 1 << (i % 64)
 		seen := false
 		for _, k := range kinds[:nk] {
 			if k == p.Subject {
@@ -515,8 +524,8 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 		if !ok {
 			continue
 		}
-		for _, p := range policies {
-			if p.Subject == kind && p.Matches(req.Identity.Tier, req.Method, req.Path) {
+		for i, p := range policies {
+			if p.Subject == kind && matched[i/64]&(1<<(i%64)) != 0 {
 				if l.overrides != nil {
 					if o, ok := l.overrides.Override(subj, p.ID, now); ok && o != nil && o.validated && o.ID == p.ID {
 						p = o
@@ -931,6 +940,19 @@ type storeCall struct {
 // evalAllDeadline is evalAll (with usage counted) with the store call
 // bounded by the deadline, whatever the store does.
 func (l *Limiter) evalAllDeadline(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) (bool, error) {
+	if rs, ok := l.store.(*RedisStore); ok && rs.pipe != nil {
+		// The caller waits only in the pipeline, which ends the wait at
+		// the deadline with a pooled timer: no context and timer of its
+		// own per call.
+		return l.evalAllWith(ctx, now, pols, subjs, req, d, true, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
+			cctx := &callCtx{Context: ctx, deadline: time.Now().Add(l.deadline)}
+			allowed, err := rs.eval(cctx, now, subjs, ops, res)
+			if err != nil && cctx.Err() != nil && ctx.Err() == nil {
+				return false, fmt.Errorf("%w: no answer within %v: %v", ErrStoreUnavailable, l.deadline, err)
+			}
+			return allowed, err
+		})
+	}
 	if rs, ok := l.store.(*RedisStore); ok && rs.boundedByContext {
 		// go-redis ends every wait of the call at the context's deadline.
 		return l.evalAllWith(ctx, now, pols, subjs, req, d, true, func(ctx context.Context, subjs []Subject, ops []op, res []result) (bool, error) {
@@ -975,12 +997,22 @@ func (l *Limiter) evalAll(ctx context.Context, now time.Time, pols []*Policy, su
 }
 
 func (l *Limiter) evalAllWith(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool, eval func(context.Context, []Subject, []op, []result) (bool, error)) (bool, error) {
-	ops, res := l.buildOps(make([]op, 0, len(pols)), make([]result, 0, len(pols)), pols, req)
+	// Pooled buffers: subjs may live on the caller's stack, and through a
+	// func value or the Store interface it would have to escape. No store
+	// keeps them after eval returns (the goroutine of a call abandoned at
+	// its deadline works on copies, a pipelined call on its request
+	// string).
+	b := evalBufPool.Get().(*evalBufs)
+	ops, res := l.buildOps(b.ops[:0], b.res[:0], pols, req)
+	heapSubjs := append(b.subjs[:0], subjs...)
+	defer func() {
+		clear(ops)
+		clear(heapSubjs)
+		b.ops, b.res, b.subjs = ops[:0], res[:0], heapSubjs[:0]
+		evalBufPool.Put(b)
+	}()
 	var allowed bool
 	var err error
-	// A copy: subjs may live on the caller's stack, and through a func
-	// value or the Store interface it would have to escape.
-	heapSubjs := append([]Subject(nil), subjs...)
 	if eval != nil {
 		allowed, err = eval(ctx, heapSubjs, ops, res)
 	} else {
@@ -996,12 +1028,21 @@ func (l *Limiter) evalAllWith(ctx context.Context, now time.Time, pols []*Policy
 	return allowed, nil
 }
 
+// evalBufs are the buffers of one evalAllWith, pooled.
+type evalBufs struct {
+	ops   []op
+	res   []result
+	subjs []Subject
+}
+
+var evalBufPool = sync.Pool{New: func() any { return new(evalBufs) }}
+
 // evalInMemory is evalAll for the MemoryStore, called directly so that
 // the buffers stay on the stack (through the Store interface they would
 // escape to the heap on every decision).
 func (l *Limiter) evalInMemory(ctx context.Context, ms *MemoryStore, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool) (bool, error) {
-	var opBuf [8]op
-	var resBuf [8]result
+	var opBuf [4]op
+	var resBuf [4]result
 	ops, res := opBuf[:0], resBuf[:0]
 	if len(pols) > len(opBuf) {
 		ops, res = make([]op, 0, len(pols)), make([]result, 0, len(pols))

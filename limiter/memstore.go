@@ -83,7 +83,10 @@ func (m *MemoryStore) shard(subject Subject) *memShard {
 }
 
 func (m *MemoryStore) shardIndex(subject Subject) uint64 {
-	return maphash.Comparable(m.seed, subject) % memShards
+	// The value's hash alone (cheaper than hashing the struct): subjects
+	// of different kinds with one value share a shard, which only
+	// matters for contention.
+	return maphash.String(m.seed, subject.Value) % memShards
 }
 
 const sweepEveryMs = 10_000
@@ -95,16 +98,22 @@ const sweepEveryMs = 10_000
 func (m *MemoryStore) eval(_ context.Context, now time.Time, subjects []Subject, ops []op, res []result) (bool, error) {
 	nowUs := now.UnixMicro()
 	nowMs := nowUs / 1000
-	var idxBuf [maxSubjects]int
-	idx := idxBuf[:0]
+	// The shard of each distinct subject, hashed once: sub[k] is the
+	// shard of the k-th distinct subject, in request order.
+	var subBuf, idxBuf [maxSubjects]int
+	sub, idx := subBuf[:0], idxBuf[:0]
 	for i := range subjects {
 		if i > 0 && subjects[i] == subjects[i-1] {
 			continue
 		}
-		idx = append(idx, int(m.shardIndex(subjects[i])))
+		j := int(m.shardIndex(subjects[i]))
+		sub = append(sub, j)
+		idx = append(idx, j)
 	}
-	slices.Sort(idx)
-	idx = slices.Compact(idx)
+	if len(idx) > 1 {
+		slices.Sort(idx)
+		idx = slices.Compact(idx)
+	}
 	for _, j := range idx {
 		sh := &m.shards[j]
 		sh.mu.Lock()
@@ -119,19 +128,24 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subjects []Subject,
 		}
 	}()
 
-	var advBuf [8]state
-	var rateBuf, burstBuf [8]int64
-	var subjBuf [8]*memSubject
+	var advBuf [4]state
+	var rateBuf, burstBuf [4]int64
+	var subjBuf [4]*memSubject
 	adv, rates, bursts, subjs := advBuf[:0], rateBuf[:0], burstBuf[:0], subjBuf[:0]
 	allowed := true
+	var shardBuf [4]int
+	shardOf := shardBuf[:0] // the shard of ops[i]'s subject
+	k := -1
 	for i := range ops {
 		o := &ops[i]
 		var subj *memSubject
 		if i > 0 && subjects[i] == subjects[i-1] {
 			subj = subjs[i-1]
 		} else {
-			subj = m.shard(subjects[i]).subjects[subjects[i]]
+			k++
+			subj = m.shards[sub[k]].subjects[subjects[i]]
 		}
+		shardOf = append(shardOf, sub[k])
 		rate, burst := o.rate, o.burst
 		var cur *state
 		if subj != nil {
@@ -160,7 +174,7 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subjects []Subject,
 			final.expireMs = nowMs + ttl
 			subj := subjs[i]
 			if subj == nil {
-				sh := m.shard(subjects[i])
+				sh := &m.shards[shardOf[i]]
 				if subj = sh.subjects[subjects[i]]; subj == nil {
 					subj = &memSubject{}
 					sh.subjects[subjects[i]] = subj

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,8 +17,9 @@ import (
 type PipelineConfig struct {
 	// Workers is the number of pipelines in flight at once. Default 4.
 	Workers int
-	// MaxBatch is the largest number of decisions sent in one pipeline.
-	// Default 64.
+	// MaxBatch is the largest number of decisions a worker takes at once:
+	// they go out as one script call per Redis node (script.lua decides
+	// them one after the other), all in one pipeline. Default 64.
 	MaxBatch int
 	// Timeout bounds one pipeline round trip, whatever the callers'
 	// deadlines (a caller stops waiting at its own deadline; the pipeline
@@ -71,29 +72,32 @@ func (c *PipelineConfig) validate() error {
 
 // pending is one decision waiting for its pipeline.
 type pending struct {
-	ctx    context.Context // the caller's: once done, the call is not sent
-	script *redis.Script
-	keys   []string
-	args   []any
-	done   chan struct{}
-	cmd    *redis.Cmd
-	err    error
+	ctx   context.Context // the caller's: once done, the call is not sent
+	route string          // the request's first state key: its node
+	req   string          // the request's string (script.lua's ARGV)
+	nvals int             // the values its reply holds after the status
+	done  chan struct{}   // closed when nowUs, vals and err are set
+	nowUs int64
+	vals  []int64
+	err   error
 }
 
 // pipeliner sends the decisions of concurrent callers together: each worker
 // takes one waiting decision, adds every other decision already waiting (up
-// to MaxBatch) and sends them as one pipeline of EVALSHA calls. At low load
-// a batch is one decision and nothing waits; under load the batches grow by
-// themselves while the previous pipelines are in flight, and Redis reads and
-// answers many calls per system call. Each script call stays atomic; calls
-// of one batch are independent.
+// to MaxBatch) and sends them as one script call per Redis node (all the
+// calls of a batch in one pipeline: one round trip). script.lua decides the
+// requests of a call one after the other, each all or nothing on its own,
+// so a batch decides exactly as the same requests sent one by one in that
+// order. At low load a batch is one decision and nothing waits; under load
+// the batches grow by themselves while the previous ones are in flight,
+// and Redis parses, runs and answers one command for many decisions.
 //
 // A decision whose caller has gone (its context is done: the caller left
 // at its deadline and the fallback answered it) is never sent: it is
 // dropped when a worker takes it, so Redis never consumes for a request
 // that was answered otherwise. Once sent, a call cannot be recalled: a
 // caller that leaves while its call is in flight may still be counted by
-// Redis (at most one pipeline per worker is in flight). At most MaxQueue
+// Redis (at most one batch per worker is in flight). At most MaxQueue
 // decisions wait; more fail at once with ErrPipelineFull.
 type pipeliner struct {
 	client redis.UniversalClient
@@ -105,11 +109,14 @@ type pipeliner struct {
 	// holds it exclusively, so nothing is enqueued after close drains.
 	mu     sync.RWMutex
 	closed bool
-	// inFlight is the number of calls sent and not yet answered.
+	// inFlight is the number of decisions sent and not yet answered.
 	inFlight atomic.Int64
 	// shed counts calls refused because the queue was full.
 	shed atomic.Int64
-	cold *coldSignal // set before the first decision (warm.go)
+	// calls counts script calls sent, batches the decisions they carried
+	// (tests and benchmarks: decisions per call).
+	calls, batched atomic.Int64
+	cold           *coldSignal // set before the first decision (warm.go)
 }
 
 func newPipeliner(client redis.UniversalClient, cfg PipelineConfig) *pipeliner {
@@ -121,18 +128,19 @@ func newPipeliner(client redis.UniversalClient, cfg PipelineConfig) *pipeliner {
 	return p
 }
 
-// do sends one call of script and waits for its answer or ctx's end,
-// whichever comes first. It never waits for room in the queue: a full
-// queue fails the call at once with ErrPipelineFull.
-func (p *pipeliner) do(ctx context.Context, script *redis.Script, keys []string, args []any) (*redis.Cmd, error) {
+// do sends one request (route: its first state key; req: its string;
+// nvals: the values of its reply after the status) and waits for its
+// answer or ctx's end, whichever comes first. It never waits for room in
+// the queue: a full queue fails the call at once with ErrPipelineFull.
+func (p *pipeliner) do(ctx context.Context, route, reqStr string, nvals int) (int64, []int64, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	req := &pending{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+	req := &pending{ctx: ctx, route: route, req: reqStr, nvals: nvals, done: make(chan struct{})}
 	p.mu.RLock()
 	if p.closed {
 		p.mu.RUnlock()
-		return nil, errPipelineClosed
+		return 0, nil, errPipelineClosed
 	}
 	select {
 	case p.queue <- req:
@@ -140,14 +148,69 @@ func (p *pipeliner) do(ctx context.Context, script *redis.Script, keys []string,
 	default:
 		p.mu.RUnlock()
 		p.shed.Add(1)
-		return nil, ErrPipelineFull
+		return 0, nil, ErrPipelineFull
 	}
+	cc, bounded := ctx.(*callCtx)
+	if !bounded {
+		select {
+		case <-req.done:
+			return req.nowUs, req.vals, req.err
+		case <-ctx.Done():
+			return 0, nil, ctx.Err()
+		}
+	}
+	t := waitTimers.Get().(*time.Timer)
+	t.Reset(time.Until(cc.deadline))
+	defer func() {
+		t.Stop() // since Go 1.23 no stale tick stays in t.C after Stop
+		waitTimers.Put(t)
+	}()
 	select {
 	case <-req.done:
-		return req.cmd, req.err
+		return req.nowUs, req.vals, req.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return 0, nil, ctx.Err()
+	case <-t.C:
+		return 0, nil, context.DeadlineExceeded
 	}
+}
+
+// waitTimers are the timers that end callers' waits at their deadline.
+var waitTimers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+// callCtx is a caller's context bounded by the limiter's deadline for one
+// store call, without a timer of its own: Err and Deadline report the
+// deadline, but Done closes only with the caller's context. Only code
+// that waits through the pipeline (which adds a pooled timer) or that
+// reads Deadline (go-redis with ContextTimeoutEnabled, refunds) may
+// receive it.
+type callCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+// Deadline is the earlier of the caller's deadline and the call's.
+func (c *callCtx) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+// Err is the caller's context's error, or DeadlineExceeded once the
+// call's deadline has passed.
+func (c *callCtx) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 var errPipelineClosed = errors.New("limiter: store closed")
@@ -155,6 +218,7 @@ var errPipelineClosed = errors.New("limiter: store closed")
 func (p *pipeliner) run() {
 	defer p.wg.Done()
 	batch := make([]*pending, 0, p.cfg.MaxBatch)
+	var b batcher
 	for {
 		select {
 		case req := <-p.queue:
@@ -182,28 +246,77 @@ func (p *pipeliner) run() {
 			live = append(live, req)
 		}
 		if len(live) > 0 {
-			p.send(live)
+			p.send(&b, live)
 		}
 		clear(batch)
 	}
 }
 
-// send runs one batch as a pipeline; calls that find the script missing
-// (NOSCRIPT, after a restart or SCRIPT FLUSH) are sent again with EVAL.
-func (p *pipeliner) send(batch []*pending) {
+// batcher holds a worker's buffers for building script calls.
+type batcher struct {
+	groups map[string][]*pending // cluster: the batch's requests by node
+	order  []string              // the nodes in order of first request
+	calls  [][]*pending
+	nvals  []int
+	out    []reqReply
+}
+
+// group splits batch into script calls: one for a standalone client, one
+// per node (by the client's slot map) for a cluster.
+func (b *batcher) group(ctx context.Context, client redis.UniversalClient, batch []*pending) [][]*pending {
+	b.calls = b.calls[:0]
+	c, ok := client.(*redis.ClusterClient)
+	if !ok {
+		return append(b.calls, batch)
+	}
+	if b.groups == nil {
+		b.groups = make(map[string][]*pending)
+	}
+	b.order = b.order[:0]
+	for _, req := range batch {
+		addr := req.route // unknown node: a call of its own, routed by its key
+		if node, err := c.MasterForKey(ctx, req.route); err == nil {
+			addr = node.Options().Addr
+		}
+		g, seen := b.groups[addr]
+		if !seen {
+			b.order = append(b.order, addr)
+		}
+		b.groups[addr] = append(g, req)
+	}
+	for _, addr := range b.order {
+		b.calls = append(b.calls, b.groups[addr])
+		delete(b.groups, addr)
+	}
+	return b.calls
+}
+
+// send runs one batch: one script call per node, all in one pipeline;
+// calls that find the script missing (NOSCRIPT, after a restart or SCRIPT
+// FLUSH) are sent again with EVAL.
+func (p *pipeliner) send(b *batcher, batch []*pending) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
 	defer cancel()
-	cmds := make([]*redis.Cmd, len(batch))
+	calls := b.group(ctx, p.client, batch)
+	cmds := make([]*redis.Cmd, len(calls))
+	argss := make([][]any, len(calls))
 	pipe := p.client.Pipeline()
-	for i, req := range batch {
-		cmds[i] = req.script.EvalSha(ctx, pipe, req.keys, req.args...)
+	for i, call := range calls {
+		args := make([]any, len(call))
+		for j, req := range call {
+			args[j] = req.req
+		}
+		argss[i] = args
+		cmds[i] = evalScript.EvalSha(ctx, pipe, []string{call[0].route}, args...)
 	}
+	p.calls.Add(int64(len(calls)))
+	p.batched.Add(int64(len(batch)))
 	p.inFlight.Add(int64(len(batch)))
 	defer p.inFlight.Add(-int64(len(batch)))
 	_, _ = pipe.Exec(ctx)
 	var retry []int
 	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if err := cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 			retry = append(retry, i)
 		}
 	}
@@ -211,14 +324,32 @@ func (p *pipeliner) send(batch []*pending) {
 		p.cold.notify()
 		pipe := p.client.Pipeline()
 		for _, i := range retry {
-			cmds[i] = batch[i].script.Eval(ctx, pipe, batch[i].keys, batch[i].args...)
+			cmds[i] = evalScript.Eval(ctx, pipe, []string{calls[i][0].route}, argss[i]...)
 		}
 		_, _ = pipe.Exec(ctx)
 	}
-	for i, req := range batch {
-		req.cmd = cmds[i]
-		close(req.done)
+	for i, call := range calls {
+		v, err := cmds[i].Int64Slice()
+		var nowUs int64
+		if err == nil {
+			b.nvals = b.nvals[:0]
+			for _, req := range call {
+				b.nvals = append(b.nvals, req.nvals)
+			}
+			b.out = slices.Grow(b.out[:0], len(call))[:len(call)]
+			nowUs, err = parseReply(v, b.nvals, b.out)
+		}
+		for j, req := range call {
+			if err != nil {
+				req.err = err
+			} else {
+				req.nowUs, req.vals, req.err = nowUs, b.out[j].vals, b.out[j].err
+			}
+			close(req.done)
+		}
+		clear(b.out)
 	}
+	b.calls = b.calls[:0]
 }
 
 // close stops the workers and fails the decisions still queued.

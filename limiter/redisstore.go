@@ -3,10 +3,11 @@ package limiter
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,8 +30,9 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 
 // RedisStore is the [Store] shared by the gateways of one region: standalone
 // Redis or Redis Cluster through a go-redis UniversalClient. Each decision is
-// one EVALSHA of one Lua script (loaded on first use, re-sent with EVAL when
-// Redis has forgotten it), deciding with Redis server TIME so gateway clocks
+// one request of an EVALSHA of one Lua script (loaded on first use, re-sent
+// with EVAL when Redis has forgotten it; one request per call, or a batch of
+// concurrent callers' requests with NewPipelinedRedisStore), deciding with Redis server TIME so gateway clocks
 // do not matter, for all the subjects of a request at once when they live
 // on one node; on a cluster whose nodes split a request's subjects, one
 // call per subject in order with refunds (see eval and refund.go). Keys
@@ -66,11 +68,15 @@ type RedisStore struct {
 	cold coldSignal
 }
 
-// NewPipelinedRedisStore is NewRedisStore with automatic pipelining: the
-// decisions of concurrent callers are sent together, in pipelines of up to
-// cfg.MaxBatch script calls with cfg.Workers pipelines in flight, so Redis
-// reads and answers many calls per system call. Decisions are the same as
-// without it (each script call stays atomic); under load it raises the
+// NewPipelinedRedisStore is NewRedisStore with automatic pipelining and
+// batching: the decisions of concurrent callers are sent together, up to
+// cfg.MaxBatch at once as one script call per Redis node, with
+// cfg.Workers batches in flight, so Redis parses, runs and answers one
+// command for many decisions. Decisions are the same as without it (the
+// script decides the requests of a call one after the other, each all or
+// nothing on its own, atomically; a request whose keys turn out to be on
+// another node fails alone, having written nothing, and is decided again
+// on its own); under load it raises the
 // decisions per second one Redis serves, at no cost in latency at low load
 // (a lone decision is sent at once). A caller stops waiting at its
 // context's deadline. Close the store to stop its goroutines.
@@ -226,70 +232,139 @@ type refundInfo struct {
 	wrote []bool
 }
 
-// evalCall runs one script call for ops (of one or several subjects on
-// one node). When ri is not nil it receives what the call wrote.
-func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Subject, ops []op, res []result, ri *refundInfo) (bool, int64, error) {
-	keys := make([]string, 0, len(ops)+1)
-	args := make([]any, 0, 3+9*len(ops))
-	if s.passTime {
-		args = append(args, strconv.FormatInt(now.UnixMicro(), 10))
-	} else {
-		args = append(args, "")
+// maxKeyLen is the longest key a request string can carry (script.lua
+// reads key lengths as two unsigned bytes).
+const maxKeyLen = 1<<16 - 1
+
+// maxOpsPerCall is the most ops one request string can carry (one byte).
+const maxOpsPerCall = 255
+
+// appendRequest appends the binary form of one request (its ops, of one
+// or several subjects) to buf, as script.lua reads it: a header (whether
+// a time is given, the time in µs, the number of ops, whether the state
+// overwritten is reported for a refund), then per op its parameters and
+// keys. It fails, naming what was wrong, for more ops or longer keys than
+// the format holds.
+//
+// rk, when not nil, receives where the first state key (the call's
+// route) is in buf.
+func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject, ops []op, keep bool, rk *reqKeys) ([]byte, error) {
+	if len(ops) > maxOpsPerCall {
+		return buf, fmt.Errorf("limiter: redis store: %d policies in one request, at most %d", len(ops), maxOpsPerCall)
 	}
-	args = append(args, len(ops))
-	var extra []string
+	if s.passTime {
+		buf = append(buf, 1)
+		buf = binary.BigEndian.AppendUint64(buf, uint64(now.UnixMicro()))
+	} else {
+		buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	}
+	k := byte(0)
+	if keep {
+		k = 1
+	}
+	buf = append(buf, byte(len(ops)), k)
 	subject := ""
 	for i := range ops {
 		o := &ops[i]
 		if i == 0 || subjects[i] != subjects[i-1] {
 			subject = subjects[i].Key()
 		}
-		// The first subject's keys are declared (one slot); the others
-		// travel in ARGV (see script.lua).
-		dst := &keys
-		if subjects[i] != subjects[0] {
-			dst = &extra
-		}
-		*dst = append(*dst, stateKey(subject, o.policy, o.tag()))
-		flags := 0
+		flags := byte(0)
 		if o.enforce {
 			flags |= 1
 		}
 		if o.global {
 			flags |= 2
-			if !o.replicated() {
-				*dst = append(*dst, shareKey(subject, o.policy))
+		}
+		buf = append(buf, byte(algoCode(o)), flags)
+		for _, v := range [...]int64{o.cost, o.rate, o.burst, o.limit, o.windowMs} {
+			buf = binary.BigEndian.AppendUint64(buf, uint64(v))
+		}
+		var err error
+		at := len(buf) + 2
+		if buf, err = appendKey(buf, subject, o.policy, o.tag()); err != nil {
+			return buf, err
+		}
+		if i == 0 && rk != nil {
+			rk.route = [2]int{at, len(buf)}
+		}
+		switch {
+		case o.replicated():
+			if len(o.region) > 255 {
+				return buf, fmt.Errorf("limiter: redis store: region name of %d bytes, at most 255", len(o.region))
+			}
+			buf = append(buf, byte(len(o.region)))
+			buf = append(buf, o.region...)
+		case o.global:
+			if buf, err = appendKey(buf, subject, o.policy, "share"); err != nil {
+				return buf, err
 			}
 		}
-		args = append(args, algoCode(o), flags, o.cost, o.rate, o.burst, o.limit, o.windowMs, o.region)
 	}
+	return buf, nil
+}
+
+// reqKeys locates keys in a request string (appendRequest): byte
+// ranges [from, to).
+type reqKeys struct {
+	route [2]int // the first state key: the node the request goes to
+}
+
+// appendKey appends "rl:{subject}:policy:tag" (stateKey, shareKey) with
+// its length in two bytes.
+func appendKey(buf []byte, subject, policy, tag string) ([]byte, error) {
+	n := len("rl:{}::") + len(subject) + len(policy) + len(tag)
+	if n > maxKeyLen {
+		return buf, fmt.Errorf("limiter: redis store: key of %d bytes for subject %q, at most %d", n, subject, maxKeyLen)
+	}
+	buf = binary.BigEndian.AppendUint16(buf, uint16(n))
+	buf = append(buf, "rl:{"...)
+	buf = append(buf, subject...)
+	buf = append(buf, "}:"...)
+	buf = append(buf, policy...)
+	buf = append(buf, ':')
+	return append(buf, tag...), nil
+}
+
+// reqBufs recycles the buffers request strings are built in.
+var reqBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+// evalCall runs one request (ops of one or several subjects on one node)
+// in a script call: alone, or with the requests of other callers when the
+// store pipelines. When ri is not nil it receives what the call wrote.
+func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Subject, ops []op, res []result, ri *refundInfo) (bool, int64, error) {
+	bp := reqBufs.Get().(*[]byte)
+	var rk reqKeys
+	buf, err := s.appendRequest((*bp)[:0], now, subjects, ops, ri != nil, &rk)
+	if err != nil {
+		reqBufs.Put(bp)
+		return false, 0, err
+	}
+	reqStr := string(buf)
+	*bp = buf
+	reqBufs.Put(bp)
+	route := reqStr[rk.route[0]:rk.route[1]] // a substring: no copy
+	per := 5
 	if ri != nil {
-		args = append(args, "1")
-	} else {
-		args = append(args, "0")
+		per = 10
 	}
-	for _, k := range extra {
-		args = append(args, k)
-	}
+	var nowUs int64
 	var v []int64
-	var err error
 	if s.pipe != nil {
-		var cmd *redis.Cmd
-		if cmd, err = s.pipe.do(ctx, evalScript, keys, args); err == nil {
-			v, err = cmd.Int64Slice()
-		}
+		nowUs, v, err = s.pipe.do(ctx, route, reqStr, len(ops)*per)
 	} else {
-		v, err = s.runScript(ctx, keys, args)
+		nowUs, v, err = s.runRequest(ctx, route, reqStr, len(ops)*per)
 	}
 	if err != nil {
 		return false, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
-	if len(v) != 2+10*len(ops) {
-		return false, 0, fmt.Errorf("%w: script returned %d values for %d policies", ErrStoreUnavailable, len(v), len(ops))
+	if s.passTime {
+		// The reply's time is the first request's of the call.
+		nowUs = now.UnixMicro()
 	}
 	allowed := v[0] == 1
 	for i := range ops {
-		b := 2 + 10*i
+		b := 1 + per*i
 		res[i] = result{
 			allowed:   v[b] == 1,
 			remaining: v[b+1],
@@ -303,9 +378,78 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 		}
 	}
 	if ri != nil {
-		ri.nowUs = v[1]
+		ri.nowUs = nowUs
 	}
-	return allowed, v[1], nil
+	return allowed, nowUs, nil
+}
+
+// runRequest runs one request alone (see evalCall) and returns the
+// call's time and the request's status and values.
+func (s *RedisStore) runRequest(ctx context.Context, route, req string, nvals int) (int64, []int64, error) {
+	v, err := s.runScript(ctx, []string{route}, []any{req})
+	if err != nil {
+		return 0, nil, err
+	}
+	var out [1]reqReply
+	nowUs, err := parseReply(v, []int{nvals}, out[:])
+	if err != nil {
+		return 0, nil, err
+	}
+	return nowUs, out[0].vals, out[0].err
+}
+
+// reqReply is one request's part of a script call's reply: its status
+// (1 allowed, 0 rejected) then its values, or why the script failed it.
+type reqReply struct {
+	vals []int64
+	err  error
+}
+
+// Errors of one request in a script call (script.lua's negative
+// statuses). The first keeps the words of Redis's own error ("non local
+// key") that eval looks for to decide a request in order.
+var (
+	errNonLocal     = errors.New("script found a key of another cluster node (non local key), nothing written")
+	errBeforeWrite  = errors.New("script failed before writing, nothing written")
+	errWhileWriting = errors.New("script failed while writing")
+)
+
+// parseReply splits a script call's reply (script.lua) into the parts of
+// its requests, nvals[i] values after the status of request i, into
+// out[i] (slices of v), and returns the call's time. A request that
+// failed in the script gets its error; an ill-formed reply is an error
+// for all.
+func parseReply(v []int64, nvals []int, out []reqReply) (int64, error) {
+	if len(v) == 0 {
+		return 0, errors.New("script returned an empty reply")
+	}
+	p := 1
+	for r, n := range nvals {
+		if p >= len(v) {
+			return 0, fmt.Errorf("script returned %d values for %d requests", len(v), len(nvals))
+		}
+		switch st := v[p]; st {
+		case -1:
+			out[r] = reqReply{err: errNonLocal}
+		case -2:
+			out[r] = reqReply{err: errBeforeWrite}
+		case -3:
+			out[r] = reqReply{err: errWhileWriting}
+		case 0, 1:
+			if p+1+n > len(v) {
+				return 0, fmt.Errorf("script returned %d values for %d requests", len(v), len(nvals))
+			}
+			out[r] = reqReply{vals: v[p : p+1+n : p+1+n]}
+			p += n
+		default:
+			return 0, fmt.Errorf("script returned status %d", st)
+		}
+		p++
+	}
+	if p != len(v) {
+		return 0, fmt.Errorf("script returned %d values, %d expected", len(v), p)
+	}
+	return v[0], nil
 }
 
 // SetShare writes this region's share of a global bucket policy for one

@@ -1,43 +1,47 @@
 #!lua flags=allow-cross-slot-keys
 -- Quotient: evaluate every policy of one request atomically, across its
 -- subjects: if an enforced policy of any subject rejects, nothing is
--- written for any subject.
+-- written for any subject. One call decides a batch of requests, one
+-- after the other, each all or nothing on its own (a batching pipeline
+-- sends the requests of concurrent callers together; a lone request is a
+-- batch of one).
 -- This script mirrors algorithm.go line for line (same integer state, same
 -- double divisions in the same order); change both together. It is written
--- for speed: per-op state lives in flat local arrays, not one table per op.
+-- for speed: per-op state lives in flat local arrays reused by every
+-- request of the call, not one table per op, and each request travels as
+-- one binary string (one argument for Redis to parse, not 20).
 --
--- Keys: for each op, its state key, then its share key when the op is a
--- global bucket. KEYS holds the keys of the first subject (one cluster
--- slot, as Redis Cluster requires of declared keys); the keys of the other
--- subjects follow the op values in ARGV, and the flag
--- allow-cross-slot-keys lets the script reach them. On a cluster the
--- caller sends one call only when every subject's slot is on this node
--- (a key of another node fails the call in the first loop, which only
--- reads, so nothing is written).
--- ARGV[1]: '' (use Redis server TIME) or a time in µs (tests only).
--- ARGV[2]: number of ops; then 8 values per op:
---   algo (1 token, 2 leaky, 3 fixed, 4 sliding log, 5 sliding counter,
---   6 fixed replicated across regions), flags (1 enforce, 2 global), cost,
---   rate (milli-tokens/s), burst (milli-tokens), limit, window (ms; 0 for
---   algo 3 and 6: the UTC calendar month), and this region's name (algo 6);
---   then '1' or '0' (report overwritten bucket states, for refunds); then
---   the keys that do not fit in KEYS, in op order.
--- Returns {allowed, now (µs), then per op: admit, remaining, reset_ms,
--- retry_ms, delay_ms, and five refund values}. The refund values say what
--- an op wrote, for refund.lua (zeros when it wrote nothing): buckets the
--- two 6-byte halves of the state written, the rate, and (when ARGV asks)
--- the halves of the state overwritten; fixed windows, replicated windows
--- and sliding counters the window start; sliding logs the entry's time
--- (ms).
-local nowus
-if ARGV[1] ~= '' then
-  nowus = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local ceil, floor, call, tonumber = math.ceil, math.floor, redis.call, tonumber
-local now = floor(nowus / 1000)
+-- ARGV: one string per request (redisstore.go: appendRequest), big-endian:
+--   header  B has_time, I8 time (µs; tests only, used when has_time is 1,
+--           else Redis server TIME), B number of ops, B keep (1: the
+--           caller may refund, refund.lua, so buckets report the state
+--           they overwrite);
+--   per op  B algo (1 token, 2 leaky, 3 fixed, 4 sliding log, 5 sliding
+--           counter, 6 fixed replicated across regions), B flags (1
+--           enforce, 2 global), I8 cost, I8 rate (milli-tokens/s), I8
+--           burst (milli-tokens), I8 limit, I8 window (ms; 0 for algo 3
+--           and 6: the UTC calendar month), i2+bytes the state key, then
+--           i2+bytes the share key (global buckets only) or B+bytes this
+--           region's name (algo 6 only).
+-- KEYS: one key, the first request's first state key, so that a cluster
+-- client routes the call to the node of that slot. Every key a request
+-- touches travels in its string; allow-cross-slot-keys lets the script
+-- reach keys of every slot of this node. On a cluster the caller batches
+-- only requests whose slots it believes on this node; a request with a key
+-- of another node fails in its first phase, which only reads, so nothing
+-- of it is written, and its status says so (-1) for the caller to decide
+-- it again on its own.
+-- Returns {now (µs) of the first request, then per request: status (1
+-- allowed, 0 rejected; -1 a key of another node and -2 another error,
+-- both before anything was written; -3 an error while writing), and
+-- unless the status is negative, per op: admit, remaining,
+-- reset_ms, retry_ms, delay_ms, and when keep is 1 five refund values}.
+-- The refund values say what an op wrote, for refund.lua (zeros when it
+-- wrote nothing): buckets the two 6-byte halves of the state written, the
+-- rate, and the halves of the state overwritten; fixed windows, replicated
+-- windows and sliding counters the window start; sliding logs the entry's
+-- time (ms).
+local ceil, floor, call, tonumber, unpack = math.ceil, math.floor, redis.call, tonumber, struct.unpack
 local NANO = 1000000000
 local NANO_PER_MILLI = 1000000
 -- Bucket bounds (policy.go: MaxRatePerSec, MaxBurst in milli-units) and
@@ -45,13 +49,6 @@ local NANO_PER_MILLI = 1000000
 -- ms (44 bits) then the nano-tokens + 2^51 (52 bits), big-endian.
 local MAXRATE, MAXBURST = 1000000000000, 1000000000
 local P48, P51 = 281474976710656, 2251799813685248
-local n = tonumber(ARGV[2])
-local K = {}
-for j = 1, #KEYS do K[j] = KEYS[j] end
--- ARGV[3 + 8n]: '1' when the caller may refund (refund.lua), so buckets
--- report the state they overwrite.
-local keepPrev = ARGV[3 + 8 * n] == '1'
-for j = 4 + 8 * n, #ARGV do K[#K + 1] = ARGV[j] end
 
 -- month(ms): the UTC calendar month containing ms, as start, end (ms).
 -- internal/calendar/month.go (MonthAt) in doubles: every value is an
@@ -93,314 +90,364 @@ local function fixedend(a, win)
   return a + win
 end
 
--- Per-op arrays: parameters, state (A, B, C), decision, extras.
+-- Per-op arrays: parameters, state (A, B, C), decision, extras; reused by
+-- every request of the call (an entry is always set before it is read).
 local ALGO, ENF, COST, RATE, BURST, LIMIT, WIN, KEY = {}, {}, {}, {}, {}, {}, {}, {}
 local A, B, C, ADMIT, RETRY, DELAY = {}, {}, {}, {}, {}, {}
 local LOG, TRIM, REGION, COUNTS, CAP, ROLLED, WEND = {}, {}, {}, {}, {}, {}, {}
 local DRATE = {} -- buckets: the policy's own rate, for reset at rate 0
-local ki = 1
-local allowed = 1
 
-for i = 1, n do
-  local base = 2 + (i - 1) * 8
-  local algo = tonumber(ARGV[base + 1])
-  local flags = tonumber(ARGV[base + 2])
-  local cost = tonumber(ARGV[base + 3])
-  local rate = tonumber(ARGV[base + 4])
-  local burst = tonumber(ARGV[base + 5])
-  local limit = tonumber(ARGV[base + 6])
-  local win = tonumber(ARGV[base + 7])
-  local key = K[ki]
-  ki = ki + 1
-  local drate = rate
-  if flags >= 2 and algo ~= 6 then
-    local sh = call('HMGET', K[ki], 'r', 'b')
-    ki = ki + 1
-    if sh[1] and sh[2] then
-      rate = tonumber(sh[1])
-      burst = tonumber(sh[2])
+-- The request being decided: its string, its time, its number of ops,
+-- whether it reports overwritten states, and whether it is allowed.
+local req, nowus, now, n, keepPrev, allowed
+local servertime
+local out = {0}
+
+-- read: the first phase of one request. It parses the request, reads the
+-- state of every op and decides each; it writes nothing.
+local function read()
+  local timed, t, nops, keep, pos = unpack('>BI8BB', req)
+  if timed == 1 then
+    nowus = t
+  else
+    if not servertime then
+      local tt = call('TIME')
+      servertime = tonumber(tt[1]) * 1000000 + tonumber(tt[2])
     end
+    nowus = servertime
   end
-  local admit, retry, delay = false, 0, 0
-  local a, b, c = 0, 0, 0
-  if algo == 1 or algo == 2 then
-    -- advance (algorithm.go: bucketLimits, bucketTokens)
-    DRATE[i] = drate
-    if drate < 1 then DRATE[i] = 1 end
-    rate, burst = floor(rate), floor(burst)
-    if rate < 0 then rate = 0 elseif rate > MAXRATE then rate = MAXRATE end
-    if burst < 0 then burst = 0 elseif burst > MAXBURST then burst = MAXBURST end
-    local capN = burst * NANO_PER_MILLI
-    local v = call('GET', key)
-    a = capN
-    if v then
-      if #v == 12 then
-        local h, l = struct.unpack('>I6I6', v)
-        local tms = floor(h / 16)
-        a = (h % 16) * P48 + l - P51 + (nowus - tms * 1000) * rate
-      else
-        -- Written before buckets kept their tokens: the µs when full.
-        local f = tonumber(v)
-        if f < nowus then f = nowus end
-        a = capN - (f - nowus) * rate
-      end
-      if a > capN then a = capN elseif a < 0 then a = 0 end
-    end
-    -- decide
-    if cost * 1000 > burst then
-      retry = -1
-    else
-      local costN = cost * NANO
-      admit = a >= costN
-      if admit then
-        if algo == 2 and rate > 0 then delay = ceil(ceil((capN - a) / rate) / 1000) end
-      elseif rate > 0 then
-        retry = ceil(ceil((costN - a) / rate) / 1000)
-      else
-        retry = -1
+  now = floor(nowus / 1000)
+  n, keepPrev, allowed = nops, keep == 1, 1
+  for i = 1, n do
+    local algo, flags, cost, rate, burst, limit, win, key
+    algo, flags, cost, rate, burst, limit, win, key, pos = unpack('>BBI8I8I8I8I8i2c0', req, pos)
+    local drate = rate
+    if algo == 6 then
+      REGION[i], pos = unpack('>Bc0', req, pos)
+    elseif flags >= 2 then
+      local shkey
+      shkey, pos = unpack('>i2c0', req, pos)
+      local sh = call('HMGET', shkey, 'r', 'b')
+      if sh[1] and sh[2] then
+        rate = tonumber(sh[1])
+        burst = tonumber(sh[2])
       end
     end
-  elseif algo == 3 then
-    local start = fixedstart(now, win)
-    local v = call('GET', key)
-    if v then
-      local p = string.find(v, ':', 1, true)
-      a, b = tonumber(string.sub(v, 1, p - 1)), tonumber(string.sub(v, p + 1))
-    end
-    if not v or start > a then a, b = start, 0 end
-    local t = now
-    if a > t then t = a end
-    WEND[i] = fixedend(a, win)
-    admit = b + cost <= limit
-    if not admit then
-      if cost > limit then retry = -1 else retry = WEND[i] - t end
-    end
-  elseif algo == 6 then
-    local start = fixedstart(now, win)
-    local raw = call('HGETALL', key)
-    local w, cap, counts = nil, -1, {}
-    for j = 1, #raw, 2 do
-      local f, v = raw[j], raw[j + 1]
-      if f == 'w' then
-        w = tonumber(v)
-      elseif f == 'cap' then
-        cap = tonumber(v)
-      elseif string.sub(f, 1, 2) == 'n:' then
-        counts[string.sub(f, 3)] = tonumber(v)
+    local admit, retry, delay = false, 0, 0
+    local a, b, c = 0, 0, 0
+    if algo == 1 or algo == 2 then
+      -- advance (algorithm.go: bucketLimits, bucketTokens)
+      DRATE[i] = drate
+      if drate < 1 then DRATE[i] = 1 end
+      rate, burst = floor(rate), floor(burst)
+      if rate < 0 then rate = 0 elseif rate > MAXRATE then rate = MAXRATE end
+      if burst < 0 then burst = 0 elseif burst > MAXBURST then burst = MAXBURST end
+      local capN = burst * NANO_PER_MILLI
+      local v = call('GET', key)
+      a = capN
+      if v then
+        if #v == 12 then
+          local h, l = struct.unpack('>I6I6', v)
+          local tms = floor(h / 16)
+          a = (h % 16) * P48 + l - P51 + (nowus - tms * 1000) * rate
+        else
+          -- Written before buckets kept their tokens: the µs when full.
+          local f = tonumber(v)
+          if f < nowus then f = nowus end
+          a = capN - (f - nowus) * rate
+        end
+        if a > capN then a = capN elseif a < 0 then a = 0 end
       end
-    end
-    if not w or start > w then
-      a, counts, cap = start, {}, -1
-      ROLLED[i] = w ~= nil
-    else
-      a = w
-      ROLLED[i] = false
-    end
-    local region = ARGV[base + 8]
-    local total = 0
-    for _, cnt in pairs(counts) do total = total + cnt end
-    b, c = total, counts[region] or 0 -- b: total, c: own
-    REGION[i], CAP[i] = region, cap
-    local t = now
-    if a > t then t = a end
-    WEND[i] = fixedend(a, win)
-    admit = b + cost <= limit and (cap < 0 or c + cost <= cap)
-    if not admit then
-      if cost > limit then retry = -1 else retry = WEND[i] - t end
-    end
-  elseif algo == 5 then
-    local start = now - now % win
-    local v = call('GET', key)
-    if not v then
-      a, b, c = start, 0, 0
-    else
-      local p1 = string.find(v, ':', 1, true)
-      local p2 = string.find(v, ':', p1 + 1, true)
-      a, b, c = tonumber(string.sub(v, 1, p1 - 1)), tonumber(string.sub(v, p1 + 1, p2 - 1)), tonumber(string.sub(v, p2 + 1))
-      if start <= a then
-      elseif start == a + win then
-        c, b, a = b, 0, start
-      else
-        c, b, a = 0, 0, start
-      end
-    end
-    local t = now
-    if a > t then t = a end
-    local e = t - a
-    local est = c * (win - e) / win + b
-    admit = est + cost <= limit
-    if not admit then
-      local need = limit - b - cost
-      if cost > limit then
-        retry = -1
-      elseif need >= 0 then
-        local e2 = win - floor(need * win / c)
-        retry = e2 - e
-        if retry < 1 then retry = 1 end
-      elseif b == 0 then
-        retry = win - e
-      else
-        local e3 = win - floor((limit - cost) * win / b)
-        if e3 < 0 then e3 = 0 end
-        retry = win - e + e3
-      end
-    end
-  elseif algo == 4 then
-    local raw = call('LRANGE', key, 0, -1)
-    local log = {}
-    for j = 1, #raw do
-      local s = raw[j]
-      local p = string.find(s, ':', 1, true)
-      log[j] = {tonumber(string.sub(s, 1, p - 1)), tonumber(string.sub(s, p + 1))}
-    end
-    local t = now
-    if #log > 0 and log[#log][1] > t then t = log[#log][1] end
-    local k = 0
-    while k < #log and log[k + 1][1] <= t - win do k = k + 1 end
-    local kept = {}
-    for j = k + 1, #log do kept[#kept + 1] = log[j] end
-    TRIM[i], LOG[i] = k, kept
-    local total = 0
-    for j = 1, #kept do total = total + kept[j][2] end
-    admit = total + cost <= limit
-    if not admit then
-      if cost > limit then
+      -- decide
+      if cost * 1000 > burst then
         retry = -1
       else
-        local need = total + cost - limit
-        local freed = 0
-        for j = 1, #kept do
-          freed = freed + kept[j][2]
-          if freed >= need then
-            retry = kept[j][1] + win - t
-            break
+        local costN = cost * NANO
+        admit = a >= costN
+        if admit then
+          if algo == 2 and rate > 0 then delay = ceil(ceil((capN - a) / rate) / 1000) end
+        elseif rate > 0 then
+          retry = ceil(ceil((costN - a) / rate) / 1000)
+        else
+          retry = -1
+        end
+      end
+    elseif algo == 3 then
+      local start = fixedstart(now, win)
+      local v = call('GET', key)
+      if v then
+        local p = string.find(v, ':', 1, true)
+        a, b = tonumber(string.sub(v, 1, p - 1)), tonumber(string.sub(v, p + 1))
+      end
+      if not v or start > a then a, b = start, 0 end
+      local t = now
+      if a > t then t = a end
+      WEND[i] = fixedend(a, win)
+      admit = b + cost <= limit
+      if not admit then
+        if cost > limit then retry = -1 else retry = WEND[i] - t end
+      end
+    elseif algo == 6 then
+      local start = fixedstart(now, win)
+      local raw = call('HGETALL', key)
+      local w, cap, counts = nil, -1, {}
+      for j = 1, #raw, 2 do
+        local f, v = raw[j], raw[j + 1]
+        if f == 'w' then
+          w = tonumber(v)
+        elseif f == 'cap' then
+          cap = tonumber(v)
+        elseif string.sub(f, 1, 2) == 'n:' then
+          counts[string.sub(f, 3)] = tonumber(v)
+        end
+      end
+      if not w or start > w then
+        a, counts, cap = start, {}, -1
+        ROLLED[i] = w ~= nil
+      else
+        a = w
+        ROLLED[i] = false
+      end
+      local region = REGION[i]
+      local total = 0
+      for _, cnt in pairs(counts) do total = total + cnt end
+      b, c = total, counts[region] or 0 -- b: total, c: own
+      REGION[i], CAP[i] = region, cap
+      local t = now
+      if a > t then t = a end
+      WEND[i] = fixedend(a, win)
+      admit = b + cost <= limit and (cap < 0 or c + cost <= cap)
+      if not admit then
+        if cost > limit then retry = -1 else retry = WEND[i] - t end
+      end
+    elseif algo == 5 then
+      local start = now - now % win
+      local v = call('GET', key)
+      if not v then
+        a, b, c = start, 0, 0
+      else
+        local p1 = string.find(v, ':', 1, true)
+        local p2 = string.find(v, ':', p1 + 1, true)
+        a, b, c = tonumber(string.sub(v, 1, p1 - 1)), tonumber(string.sub(v, p1 + 1, p2 - 1)), tonumber(string.sub(v, p2 + 1))
+        if start <= a then
+        elseif start == a + win then
+          c, b, a = b, 0, start
+        else
+          c, b, a = 0, 0, start
+        end
+      end
+      local t = now
+      if a > t then t = a end
+      local e = t - a
+      local est = c * (win - e) / win + b
+      admit = est + cost <= limit
+      if not admit then
+        local need = limit - b - cost
+        if cost > limit then
+          retry = -1
+        elseif need >= 0 then
+          local e2 = win - floor(need * win / c)
+          retry = e2 - e
+          if retry < 1 then retry = 1 end
+        elseif b == 0 then
+          retry = win - e
+        else
+          local e3 = win - floor((limit - cost) * win / b)
+          if e3 < 0 then e3 = 0 end
+          retry = win - e + e3
+        end
+      end
+    elseif algo == 4 then
+      local raw = call('LRANGE', key, 0, -1)
+      local log = {}
+      for j = 1, #raw do
+        local s = raw[j]
+        local p = string.find(s, ':', 1, true)
+        log[j] = {tonumber(string.sub(s, 1, p - 1)), tonumber(string.sub(s, p + 1))}
+      end
+      local t = now
+      if #log > 0 and log[#log][1] > t then t = log[#log][1] end
+      local k = 0
+      while k < #log and log[k + 1][1] <= t - win do k = k + 1 end
+      local kept = {}
+      for j = k + 1, #log do kept[#kept + 1] = log[j] end
+      TRIM[i], LOG[i] = k, kept
+      local total = 0
+      for j = 1, #kept do total = total + kept[j][2] end
+      admit = total + cost <= limit
+      if not admit then
+        if cost > limit then
+          retry = -1
+        else
+          local need = total + cost - limit
+          local freed = 0
+          for j = 1, #kept do
+            freed = freed + kept[j][2]
+            if freed >= need then
+              retry = kept[j][1] + win - t
+              break
+            end
           end
         end
       end
     end
+    ALGO[i], ENF[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i] = algo, flags % 2 == 1, cost, rate, burst, limit, win, key
+    A[i], B[i], C[i], ADMIT[i], RETRY[i], DELAY[i] = a, b, c, admit, retry, delay
+    if not admit and ENF[i] then allowed = 0 end
   end
-  ALGO[i], ENF[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i] = algo, flags % 2 == 1, cost, rate, burst, limit, win, key
-  A[i], B[i], C[i], ADMIT[i], RETRY[i], DELAY[i] = a, b, c, admit, retry, delay
-  if not admit and ENF[i] then allowed = 0 end
 end
 
-local out = {allowed, nowus}
-for i = 1, n do
-  local algo, cost, rate, burst, limit, win, key = ALGO[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i]
-  local a, b, c, admit = A[i], B[i], C[i], ADMIT[i]
-  local write = allowed == 1 and admit and cost > 0
-  local prev = false
-  if keepPrev and write and (algo == 1 or algo == 2) then prev = call('GET', key) end
-  local remaining, reset, ttl = 0, 0, 1000
-  if algo == 1 or algo == 2 then
-    -- a: nano-tokens now (algorithm.go: consume, report, bucketState)
-    if write then a = a - cost * NANO end
-    remaining = floor(a / NANO)
-    local fill = rate
-    if fill == 0 then fill = DRATE[i] end
-    reset = ceil(ceil((burst * NANO_PER_MILLI - a) / fill) / 1000)
-    if write then
-      local tms = floor(nowus / 1000)
-      local u = a - (nowus - tms * 1000) * rate + P51
-      local hi = floor(u / P48)
-      call('SET', key, struct.pack('>I6I6', tms * 16 + hi, u - hi * P48), 'PX', reset + 1000)
-    end
-  elseif algo == 3 then
-    if write then b = b + cost end
-    local t = now
-    if a > t then t = a end
-    remaining = limit - b
-    if remaining < 0 then remaining = 0 end
-    reset = WEND[i] - t
-    if write then call('SET', key, string.format('%d:%d', a, b), 'PX', reset + 1000) end
-  elseif algo == 6 then
-    if write then
-      b = b + cost
-      c = c + cost
-    end
-    local t = now
-    if a > t then t = a end
-    remaining = limit - b
-    if remaining < 0 then remaining = 0 end
-    local cap = CAP[i]
-    if cap >= 0 then
-      local r = cap - c
-      if r < 0 then r = 0 end
-      if r < remaining then remaining = r end
-    end
-    reset = WEND[i] - t
-    if write then
-      if ROLLED[i] then call('DEL', key) end
-      call('HSET', key, 'w', a, 'n:' .. REGION[i], c)
-      call('PEXPIRE', key, reset + 1000)
-    end
-  elseif algo == 5 then
-    if write then b = b + cost end
-    local t = now
-    if a > t then t = a end
-    local e = t - a
-    local est = c * (win - e) / win + b
-    remaining = floor(limit - est)
-    if remaining < 0 then remaining = 0 end
-    if b > 0 then
-      reset = 2 * win - e
-    elseif c > 0 then
-      reset = win - e
-    end
-    if write then call('SET', key, string.format('%d:%d:%d', a, b, c), 'PX', 2 * win - e + 1000) end
-  elseif algo == 4 then
-    local log = LOG[i]
-    local t = now
-    if #log > 0 and log[#log][1] > t then t = log[#log][1] end
-    if write then log[#log + 1] = {t, cost} end
-    local total = 0
-    for j = 1, #log do total = total + log[j][2] end
-    remaining = limit - total
-    if remaining < 0 then remaining = 0 end
-    local m = #log
-    if m > 0 then reset = log[m][1] + win - t end
-    if write then
-      if TRIM[i] > 0 then call('LTRIM', key, TRIM[i], -1) end
-      call('RPUSH', key, string.format('%d:%d', t, cost))
-      call('PEXPIRE', key, win + 1000)
-    end
-  end
-  local retry, delay = RETRY[i], DELAY[i]
-  if allowed == 0 or not admit then delay = 0 end
-  if allowed == 1 and admit then retry = 0 end
-  local adm = 0
-  if admit then adm = 1 end
-  local ra, rb, rc, rd, re = 0, 0, 0, 0, 0
-  if write then
+-- write: the second phase: consume (only when the request is allowed),
+-- write the states and append the answers to out.
+local function write()
+  for i = 1, n do
+    local algo, cost, rate, burst, limit, win, key = ALGO[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i]
+    local a, b, c, admit = A[i], B[i], C[i], ADMIT[i]
+    local write = allowed == 1 and admit and cost > 0
+    local prev = false
+    if keepPrev and write and (algo == 1 or algo == 2) then prev = call('GET', key) end
+    local remaining, reset, ttl = 0, 0, 1000
     if algo == 1 or algo == 2 then
-      -- The two halves of the 12 bytes written (as above), the rate, and
-      -- the halves of the state overwritten (-1: none, -2: not 12 bytes).
-      local tms = floor(nowus / 1000)
-      local u = a - (nowus - tms * 1000) * rate + P51
-      local hi = floor(u / P48)
-      ra, rb, rc = tms * 16 + hi, u - hi * P48, rate
-      if not prev then
-        rd = -1
-      elseif #prev == 12 then
-        rd, re = struct.unpack('>I6I6', prev)
-      else
-        rd = -2
+      -- a: nano-tokens now (algorithm.go: consume, report, bucketState)
+      if write then a = a - cost * NANO end
+      remaining = floor(a / NANO)
+      local fill = rate
+      if fill == 0 then fill = DRATE[i] end
+      reset = ceil(ceil((burst * NANO_PER_MILLI - a) / fill) / 1000)
+      if write then
+        local tms = floor(nowus / 1000)
+        local u = a - (nowus - tms * 1000) * rate + P51
+        local hi = floor(u / P48)
+        call('SET', key, struct.pack('>I6I6', tms * 16 + hi, u - hi * P48), 'PX', reset + 1000)
       end
+    elseif algo == 3 then
+      if write then b = b + cost end
+      local t = now
+      if a > t then t = a end
+      remaining = limit - b
+      if remaining < 0 then remaining = 0 end
+      reset = WEND[i] - t
+      if write then call('SET', key, string.format('%d:%d', a, b), 'PX', reset + 1000) end
+    elseif algo == 6 then
+      if write then
+        b = b + cost
+        c = c + cost
+      end
+      local t = now
+      if a > t then t = a end
+      remaining = limit - b
+      if remaining < 0 then remaining = 0 end
+      local cap = CAP[i]
+      if cap >= 0 then
+        local r = cap - c
+        if r < 0 then r = 0 end
+        if r < remaining then remaining = r end
+      end
+      reset = WEND[i] - t
+      if write then
+        if ROLLED[i] then call('DEL', key) end
+        call('HSET', key, 'w', a, 'n:' .. REGION[i], c)
+        call('PEXPIRE', key, reset + 1000)
+      end
+    elseif algo == 5 then
+      if write then b = b + cost end
+      local t = now
+      if a > t then t = a end
+      local e = t - a
+      local est = c * (win - e) / win + b
+      remaining = floor(limit - est)
+      if remaining < 0 then remaining = 0 end
+      if b > 0 then
+        reset = 2 * win - e
+      elseif c > 0 then
+        reset = win - e
+      end
+      if write then call('SET', key, string.format('%d:%d:%d', a, b, c), 'PX', 2 * win - e + 1000) end
     elseif algo == 4 then
-      ra = LOG[i][#LOG[i]][1]
-    else
-      ra = a
+      local log = LOG[i]
+      local t = now
+      if #log > 0 and log[#log][1] > t then t = log[#log][1] end
+      if write then log[#log + 1] = {t, cost} end
+      local total = 0
+      for j = 1, #log do total = total + log[j][2] end
+      remaining = limit - total
+      if remaining < 0 then remaining = 0 end
+      local m = #log
+      if m > 0 then reset = log[m][1] + win - t end
+      if write then
+        if TRIM[i] > 0 then call('LTRIM', key, TRIM[i], -1) end
+        call('RPUSH', key, string.format('%d:%d', t, cost))
+        call('PEXPIRE', key, win + 1000)
+      end
+    end
+    local retry, delay = RETRY[i], DELAY[i]
+    if allowed == 0 or not admit then delay = 0 end
+    if allowed == 1 and admit then retry = 0 end
+    local adm = 0
+    if admit then adm = 1 end
+    local ra, rb, rc, rd, re = 0, 0, 0, 0, 0
+    if write and keepPrev then
+      if algo == 1 or algo == 2 then
+        -- The two halves of the 12 bytes written (as above), the rate, and
+        -- the halves of the state overwritten (-1: none, -2: not 12 bytes).
+        local tms = floor(nowus / 1000)
+        local u = a - (nowus - tms * 1000) * rate + P51
+        local hi = floor(u / P48)
+        ra, rb, rc = tms * 16 + hi, u - hi * P48, rate
+        if not prev then
+          rd = -1
+        elseif #prev == 12 then
+          rd, re = struct.unpack('>I6I6', prev)
+        else
+          rd = -2
+        end
+      elseif algo == 4 then
+        ra = LOG[i][#LOG[i]][1]
+      else
+        ra = a
+      end
+    end
+    out[#out + 1] = adm
+    out[#out + 1] = remaining
+    out[#out + 1] = reset
+    out[#out + 1] = retry
+    out[#out + 1] = delay
+    if keepPrev then
+      out[#out + 1] = ra
+      out[#out + 1] = rb
+      out[#out + 1] = rc
+      out[#out + 1] = rd
+      out[#out + 1] = re
     end
   end
-  out[#out + 1] = adm
-  out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = retry
-  out[#out + 1] = delay
-  out[#out + 1] = ra
-  out[#out + 1] = rb
-  out[#out + 1] = rc
-  out[#out + 1] = rd
-  out[#out + 1] = re
+end
+
+-- failed: the status of a request that failed (see the header): -1 for
+-- a key of another cluster node and -2 for any other error before it
+-- wrote, -3 while it wrote. e is the error pcall caught (redis.call
+-- raises a table with the server's error in err).
+local function failed(e, writing)
+  if writing then return -3 end
+  if type(e) == 'table' then e = e.err end
+  if string.find(tostring(e), 'non local key', 1, true) then return -1 end
+  return -2
+end
+
+local R = #ARGV
+for r = 1, R do
+  req = ARGV[r]
+  local mark = #out
+  local ok, e = pcall(read)
+  if not ok then
+    out[mark + 1] = failed(e, false)
+  else
+    out[mark + 1] = allowed
+    ok, e = pcall(write)
+    if not ok then
+      for j = #out, mark + 2, -1 do out[j] = nil end
+      out[mark + 1] = failed(e, true)
+    end
+  end
+  if r == 1 then out[1] = nowus or 0 end
 end
 return out
