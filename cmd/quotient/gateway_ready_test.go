@@ -321,16 +321,14 @@ func TestGatewayLeakyBucketInFallbackStillShapes(t *testing.T) {
 	dir := t.TempDir()
 	base, stderr, _ := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(),
 		"--policies", gwFile(t, dir, "p.json", shapePolicies), "--keys", gwFile(t, dir, "k.json", shapeKeys),
-		"--event-sample", "1", "--warm-interval", "50ms")
+		"--event-sample", "1", "--warm-interval", "50ms", "--timeout", "250ms")
 	srv.Kill()
-	// Open the circuit breaker (50% errors over at least 20 calls) with
-	// another key's requests, so that the burst goes straight to the
-	// fallback and each request is decided at its own time.
+	// The gateway's watch connection ends with the server: it bypasses
+	// the store (no request waits for a dead Redis), so the burst goes
+	// straight to the fallback and each request is decided at its own
+	// time, with the circuit breaker left closed.
 	c := &http.Client{Timeout: 5 * time.Second}
-	for range 25 {
-		get(t, c, base+"/opener", map[string]string{"X-API-Key": "k1"})
-	}
-	waitMetric(t, base, `quotient_limiter_breaker_state{region="local"} 2`, 10*time.Second)
+	waitReadyzSays(t, base, "Redis was lost: every decision comes from the in-process fallback, without a Redis call", 10*time.Second)
 	codes := burst(t, base, "/killed", "k3", 25)
 	admitted := 0
 	for _, code := range codes {
@@ -364,6 +362,23 @@ func TestGatewayLeakyBucketInFallbackStillShapes(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // polling a real server with a deadline
 	}
 	waitMetric(t, base, `quotient_gateway_ready{region="local"} 2`, 10*time.Second)
+	_, m := get(t, c, base+"/metrics", nil)
+	assert.Contains(t, string(m), "quotient_limiter_breaker_state{region=\"local\"} 0\n", "bypassed decisions make no store call and do not open the breaker")
+}
+
+// waitReadyzSays polls base/readyz until its body holds want.
+func waitReadyzSays(t *testing.T, base, want string, limit time.Duration) string {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	deadline := time.Now().Add(limit)
+	for {
+		_, body := get(t, c, base+"/readyz", nil)
+		if strings.Contains(string(body), want) {
+			return string(body)
+		}
+		require.True(t, time.Now().Before(deadline), "/readyz never said %q: %s", want, body)
+		time.Sleep(10 * time.Millisecond) // polling a real server with a deadline
+	}
 }
 
 // TestGatewayReadyzWaitsForRedis: a gateway whose Redis is not up yet
