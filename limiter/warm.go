@@ -472,6 +472,7 @@ func (w *Warmer) Run(ctx context.Context) error {
 			cold.down.Store(true)
 		}
 		w.cfg.Logger.Warn("limiter: lost a Redis connection; warming again", "err", err)
+		w.set(false, 0, fmt.Errorf("%w: watch connection lost: %w", ErrNotWarm, err))
 		kick()
 	}
 	warmUp := func() bool {
