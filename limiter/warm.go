@@ -336,6 +336,9 @@ type Warmer struct {
 	warm    prometheus.Gauge
 	warmups *prometheus.CounterVec
 
+	// onWarm (Run's goroutine only) runs after each successful warm-up,
+	// before the status says so.
+	onWarm func()
 	// loggedErr and loggedAt (Run's goroutine only) rate-limit the log.
 	loggedErr string
 	loggedAt  time.Time
@@ -438,6 +441,9 @@ func (w *Warmer) warmOnce(ctx context.Context) bool {
 	w.loggedErr = ""
 	w.warmups.WithLabelValues("ok").Inc()
 	w.cfg.Logger.Info("limiter: store warm", "nodes", nodes, "conns_per_node", w.store.warmConns(w.cfg), "took", time.Since(start))
+	if w.onWarm != nil {
+		w.onWarm()
+	}
 	w.set(true, nodes, nil)
 	return true
 }
@@ -475,16 +481,13 @@ func (w *Warmer) Run(ctx context.Context) error {
 		w.set(false, 0, fmt.Errorf("%w: watch connection lost: %w", ErrNotWarm, err))
 		kick()
 	}
-	warmUp := func() bool {
-		ok := w.warmOnce(ctx)
-		if ok {
-			// Watch the connections of this warm-up: the previous
-			// watch's may be gone with the server they watched.
-			watch.stop()
-			watch = watchNodes(ctx, w.store.client, gone)
-		}
-		return ok
+	// Each warm-up watches its nodes again, before it reports warm (the
+	// previous watch may have ended with the server it watched).
+	w.onWarm = func() {
+		watch.stop()
+		watch = watchNodes(ctx, w.store.client, gone)
 	}
+	warmUp := func() bool { return w.warmOnce(ctx) }
 	warm := warmUp()
 	for {
 		wait := w.cfg.Interval
