@@ -97,10 +97,24 @@ func waitWarmups(t *testing.T, w *Warmer, n int64) {
 // the breaker never counted the bypassed ones. The Warmer's periodic
 // check is a minute away, so only the watch can have told it.
 func TestWarmerBypassesStoreUntilRedisIsWarmAgain(t *testing.T) {
+	for _, pipelined := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one call per decision", true: "pipelined"}[pipelined], func(t *testing.T) {
+			testBypassUntilWarmAgain(t, pipelined)
+		})
+	}
+}
+
+func testBypassUntilWarmAgain(t *testing.T, pipelined bool) {
 	srv := redistest.StartServer(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	s := NewRedisStore(client)
+	if pipelined {
+		var err error
+		s, err = NewPipelinedRedisStore(client, DefaultPipelineConfig())
+		require.NoError(t, err)
+		t.Cleanup(s.Close)
+	}
 	w := startWarmer(t, s, WarmConfig{Interval: time.Minute})
 	// A long deadline: what is checked is where decisions go, not how
 	// fast they are on a loaded machine.
