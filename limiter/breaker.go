@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -239,5 +240,22 @@ func (b *Breaker) setState(s BreakerState) {
 	b.state = s
 	if b.onChange != nil {
 		b.onChange(s)
+	}
+}
+
+// recordStoreErr records a store call that failed with err, except one
+// that never reached the store (errStoreDown: the Warmer bypasses a Redis
+// it knows is down until it is warm again), which is no evidence about
+// the store and is not counted: a half-open probe that met it only lets
+// the next call probe.
+func (b *Breaker) recordStoreErr(now time.Time, probe bool, err error) {
+	if !errors.Is(err, errStoreDown) {
+		b.Record(now, probe, false)
+		return
+	}
+	if probe && !b.cfg.Disabled {
+		b.mu.Lock()
+		b.probing = false
+		b.mu.Unlock()
 	}
 }

@@ -790,7 +790,7 @@ func (l *Limiter) decide(ctx context.Context, now time.Time, pols []*Policy, sub
 			l.breaker.Record(now, probe, true)
 			return fmt.Errorf("%w: %w", ErrCanceled, ctx.Err())
 		}
-		l.breaker.Record(now, probe, false)
+		l.breaker.recordStoreErr(now, probe, err)
 		l.metrics.storeError()
 	}
 	return l.fallbackAll(now, pols, subjs, req, d)

@@ -175,6 +175,9 @@ func shareKey(subject, policy string) string {
 // it writes anything (its first loop only reads), and the request is then
 // decided in order.
 func (s *RedisStore) eval(ctx context.Context, now time.Time, subjects []Subject, ops []op, res []result) (bool, error) {
+	if err := s.cold.bypassErr(); err != nil {
+		return false, err // Redis is down and not warm again yet (warmgate.go)
+	}
 	if s.oneCall(ctx, subjects, ops) {
 		allowed, _, err := s.evalCall(ctx, now, subjects, ops, res, nil)
 		if err == nil || sameSubject(subjects) || !strings.Contains(err.Error(), "non local key") {
@@ -356,6 +359,7 @@ func (s *RedisStore) evalCall(ctx context.Context, now time.Time, subjects []Sub
 		nowUs, v, err = s.runRequest(ctx, route, reqStr, len(ops)*per)
 	}
 	if err != nil {
+		s.cold.lost(err)
 		return false, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	if s.passTime {

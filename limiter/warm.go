@@ -33,9 +33,13 @@ type WarmConfig struct {
 	// decisions that find a connection ready.
 	Conns int
 	// Interval is how often a Warmer checks that every node still holds
-	// the scripts (SCRIPT EXISTS, one round trip per node), and how often
-	// it retries a warm-up that failed. Default 1 s.
+	// the scripts (SCRIPT EXISTS, one round trip per node). Default 1 s.
 	Interval time.Duration
+	// RetryInterval is how long a Warmer waits after a warm-up that
+	// failed (Redis down or not up yet) before it tries again: the bound,
+	// after Redis accepts connections again, on how long decisions keep
+	// coming from the fallback. Default 50 ms; at most Interval.
+	RetryInterval time.Duration
 	// Timeout bounds one warm-up or one check. Default 2 s.
 	Timeout time.Duration
 	// Logger receives warm-ups, failures and recoveries. Default: discard.
@@ -49,7 +53,7 @@ type WarmConfig struct {
 
 // DefaultWarmConfig returns the defaults (Conns 0: chosen per store).
 func DefaultWarmConfig() WarmConfig {
-	return WarmConfig{Interval: time.Second, Timeout: 2 * time.Second}
+	return WarmConfig{Interval: time.Second, RetryInterval: 50 * time.Millisecond, Timeout: 2 * time.Second}
 }
 
 func (c *WarmConfig) validate() error {
@@ -60,11 +64,16 @@ func (c *WarmConfig) validate() error {
 	if c.Timeout == 0 {
 		c.Timeout = d.Timeout
 	}
+	if c.RetryInterval == 0 {
+		c.RetryInterval = min(d.RetryInterval, c.Interval)
+	}
 	switch {
 	case c.Conns < 0 || c.Conns > 4096:
 		return fmt.Errorf("limiter: warm config: Conns must be between 0 (default) and 4096, got %d", c.Conns)
 	case c.Interval < 0:
 		return fmt.Errorf("limiter: warm config: Interval must be > 0, got %v", c.Interval)
+	case c.RetryInterval < 0 || c.RetryInterval > c.Interval:
+		return fmt.Errorf("limiter: warm config: RetryInterval must be > 0 and at most Interval (%v), got %v", c.Interval, c.RetryInterval)
 	case c.Timeout < 0:
 		return fmt.Errorf("limiter: warm config: Timeout must be > 0, got %v", c.Timeout)
 	}
@@ -122,7 +131,7 @@ func (s *RedisStore) Warm(ctx context.Context, cfg WarmConfig) (nodes int, err e
 	case *redis.ClusterClient:
 		err = c.ForEachShard(ctx, each)
 		if err != nil && n.Load() == 0 && !errors.Is(err, ErrNotWarm) {
-			err = fmt.Errorf("%w: cluster slots: %v", ErrNotWarm, err)
+			err = fmt.Errorf("%w: cluster slots: %w", ErrNotWarm, err)
 		}
 		if err == nil {
 			// The cluster client reads the server's command table
@@ -160,7 +169,7 @@ func warmNode(ctx context.Context, node *redis.Client, conns int) error {
 	// mode, written under the client's own lock), so that the Conns below,
 	// each with a lock of its own, only read it.
 	if err := node.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("%w: node %s: connect: %v", ErrNotWarm, addr, err)
+		return fmt.Errorf("%w: node %s: connect: %w", ErrNotWarm, addr, err)
 	}
 	// Each Conn holds its own pool connection from its first command
 	// until Close, so conns PINGs in flight at once open conns
@@ -181,11 +190,11 @@ func warmNode(ctx context.Context, node *redis.Client, conns int) error {
 		_ = c.Close()
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%w: node %s: connect: %v", ErrNotWarm, addr, firstErr(errs))
+		return fmt.Errorf("%w: node %s: connect: %w", ErrNotWarm, addr, firstErr(errs))
 	}
 	for _, sc := range storeScripts {
 		if err := sc.Load(ctx, node).Err(); err != nil {
-			return fmt.Errorf("%w: node %s: SCRIPT LOAD: %v", ErrNotWarm, addr, err)
+			return fmt.Errorf("%w: node %s: SCRIPT LOAD: %w", ErrNotWarm, addr, err)
 		}
 	}
 	return nil
@@ -210,7 +219,7 @@ func (s *RedisStore) checkWarm(ctx context.Context) error {
 	check := func(ctx context.Context, node redis.Cmdable, addr string) error {
 		have, err := node.ScriptExists(ctx, hashes...).Result()
 		if err != nil {
-			return fmt.Errorf("%w: node %s: SCRIPT EXISTS: %v", ErrNotWarm, addr, err)
+			return fmt.Errorf("%w: node %s: SCRIPT EXISTS: %w", ErrNotWarm, addr, err)
 		}
 		for i, ok := range have {
 			if !ok {
@@ -231,13 +240,21 @@ func (s *RedisStore) checkWarm(ctx context.Context) error {
 	}
 }
 
-// coldSignal is how the request path tells a Warmer that a node forgot
-// its scripts: a decision that meets NOSCRIPT calls notify, which wakes
-// the Warmer to load them at once, so that only the decisions already in
-// flight pay for an EVAL. The zero value (and a nil one) does nothing.
-// Safe for concurrent use; notify never blocks.
+// coldSignal is how the request path and a Warmer talk: a decision that
+// meets NOSCRIPT calls notify, which wakes the Warmer to load the scripts
+// at once, so that only the decisions already in flight pay for an EVAL;
+// one that loses its connection calls lost (warmgate.go); and while down
+// is set every decision is answered without a store call (bypassErr).
+// The zero value (and a nil one) does nothing. Safe for concurrent use;
+// no method blocks.
 type coldSignal struct {
 	fn atomic.Pointer[func()]
+	// gate: the running Warmer bypasses the store while Redis is down
+	// (a standalone Redis; see Warmer).
+	gate atomic.Bool
+	// down: Redis was lost and is not warm again yet; decisions bypass
+	// the store. Only set while gate is.
+	down atomic.Bool
 }
 
 func (c *coldSignal) notify() {
@@ -275,16 +292,37 @@ type WarmStatus struct {
 	// Err is why the store is not warm (nil when it is, and before the
 	// first attempt).
 	Err error
+	// Bypassed is set while decisions skip the store and come from the
+	// fallback at once, without a store call: a standalone Redis was lost
+	// (refused, reset or closed connections, or LOADING) and is not warm
+	// again yet.
+	Bypassed bool
 }
 
 // Warmer keeps a RedisStore warm: Run warms it at once, retries every
-// Interval until that succeeds, then checks every Interval that each node
-// still holds the scripts and warms again (reload, redial) whatever node
-// forgot them. A decision that meets NOSCRIPT wakes it at once, so after
-// a Redis restart or failover only the decisions in flight before that
-// pay for a script load (one EVAL each), not those of a whole Interval.
-// Use one Warmer per store. Status and Ready are
-// safe for concurrent use; Run must be called once.
+// RetryInterval until that succeeds, then checks every Interval that each
+// node still holds the scripts and warms again (reload, redial) whatever
+// node forgot them. A decision that meets NOSCRIPT wakes it at once, so
+// after a failover or SCRIPT FLUSH only the decisions in flight before
+// that pay for a script load (one EVAL each), not those of a whole
+// Interval.
+//
+// When Redis goes away the Warmer learns it at once: it holds one
+// subscribed connection per node (one more connection per node, which
+// Redis never times out) that ends when the node stops, and decisions
+// that lose their connection tell it too. It then warms again every
+// RetryInterval until Redis answers. On a standalone Redis, from the
+// moment it learns Redis is gone until that warm-up has succeeded, the
+// store is bypassed: every decision fails at once with
+// ErrStoreUnavailable, without a call (the fallback answers, the breaker
+// does not count it), so that no decision dials a connection or meets
+// NOSCRIPT on a Redis that has just restarted, and once the store
+// answers again its connections are open and its scripts loaded. (On a
+// cluster the store is not bypassed: one node down leaves the others
+// deciding; the Warmer still warms every node again at once.)
+//
+// Use one Warmer per store. Status and Ready are safe for concurrent use;
+// Run must be called once.
 type Warmer struct {
 	store *RedisStore
 	cfg   WarmConfig
@@ -298,6 +336,9 @@ type Warmer struct {
 	warm    prometheus.Gauge
 	warmups *prometheus.CounterVec
 
+	// onWarm (Run's goroutine only) runs after each successful warm-up,
+	// before the status says so.
+	onWarm func()
 	// loggedErr and loggedAt (Run's goroutine only) rate-limit the log.
 	loggedErr string
 	loggedAt  time.Time
@@ -331,14 +372,19 @@ func NewWarmer(store *RedisStore, cfg WarmConfig) (*Warmer, error) {
 	return w, nil
 }
 
+// RetryInterval is the configured wait after a failed warm-up.
+func (w *Warmer) RetryInterval() time.Duration { return w.cfg.RetryInterval }
+
 // Ready is closed when the first warm-up has succeeded.
 func (w *Warmer) Ready() <-chan struct{} { return w.ready }
 
 // Status is the store's warm state now.
 func (w *Warmer) Status() WarmStatus {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.st
+	st := w.st
+	w.mu.Unlock()
+	st.Bypassed = w.store.cold.down.Load()
+	return st
 }
 
 func (w *Warmer) set(warm bool, nodes int, err error) {
@@ -354,9 +400,13 @@ func (w *Warmer) set(warm bool, nodes int, err error) {
 	}
 	w.mu.Unlock()
 	if warm {
+		w.store.cold.down.Store(false) // answer from the store again
 		w.warm.Set(1)
 		w.readyOnce.Do(func() { close(w.ready) })
 	} else {
+		if isConnErr(err) && w.store.cold.gate.Load() {
+			w.store.cold.down.Store(true)
+		}
 		w.warm.Set(0)
 	}
 }
@@ -366,7 +416,14 @@ func (w *Warmer) warmOnce(ctx context.Context) bool {
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
 	defer cancel()
 	start := time.Now()
-	nodes, err := w.store.Warm(cctx, w.cfg)
+	var nodes int
+	err := error(nil)
+	if !w.Status().Warm {
+		err = w.store.reachable(cctx)
+	}
+	if err == nil {
+		nodes, err = w.store.Warm(cctx, w.cfg)
+	}
 	if ctx.Err() != nil {
 		return false
 	}
@@ -384,14 +441,18 @@ func (w *Warmer) warmOnce(ctx context.Context) bool {
 	w.loggedErr = ""
 	w.warmups.WithLabelValues("ok").Inc()
 	w.cfg.Logger.Info("limiter: store warm", "nodes", nodes, "conns_per_node", w.store.warmConns(w.cfg), "took", time.Since(start))
+	if w.onWarm != nil {
+		w.onWarm()
+	}
 	w.set(true, nodes, nil)
 	return true
 }
 
 // Run warms the store and keeps it warm until ctx ends; it returns
 // ctx.Err(). Failures are logged, counted and kept in Status, never fatal.
-// Besides every Interval, it checks at once when a decision of the store
-// meets NOSCRIPT.
+// Besides every Interval (every RetryInterval while not warm), it warms
+// again at once when a decision of the store meets NOSCRIPT or loses its
+// connection, or when a node's watch connection ends (see Warmer).
 func (w *Warmer) Run(ctx context.Context) error {
 	kick := func() {
 		select {
@@ -399,32 +460,63 @@ func (w *Warmer) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	w.store.cold.fn.Store(&kick)
-	defer w.store.cold.fn.Store(nil)
-	warm := w.warmOnce(ctx)
-	t := time.NewTicker(w.cfg.Interval)
-	defer t.Stop()
+	cold := &w.store.cold
+	_, standalone := w.store.client.(*redis.Client)
+	cold.gate.Store(standalone)
+	cold.fn.Store(&kick)
+	var watch *nodeWatch
+	defer func() {
+		watch.stop()
+		cold.fn.Store(nil)
+		cold.gate.Store(false)
+		cold.down.Store(false)
+	}()
+	// gone is called (once per watch) when a node's watch connection
+	// ends: Redis stopped, restarted or closed it.
+	gone := func(err error) {
+		if cold.gate.Load() {
+			cold.down.Store(true)
+		}
+		w.cfg.Logger.Warn("limiter: lost a Redis connection; warming again", "err", err)
+		w.set(false, 0, fmt.Errorf("%w: watch connection lost: %w", ErrNotWarm, err))
+		kick()
+	}
+	// Each warm-up watches its nodes again, before it reports warm (the
+	// previous watch may have ended with the server it watched).
+	w.onWarm = func() {
+		watch.stop()
+		watch = watchNodes(ctx, w.store.client, gone)
+	}
+	warmUp := func() bool { return w.warmOnce(ctx) }
+	warm := warmUp()
 	for {
+		wait := w.cfg.Interval
+		if !warm {
+			wait = w.cfg.RetryInterval
+		}
+		t := time.NewTimer(wait)
+		kicked := false
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return ctx.Err()
 		case <-t.C:
 		case <-w.kick:
-			// A node has forgotten the scripts: warm every node again.
-			warm = w.warmOnce(ctx)
-			continue
+			t.Stop()
+			kicked = true
 		}
-		if !warm {
-			warm = w.warmOnce(ctx)
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
-		err := w.store.checkWarm(cctx)
-		cancel()
-		if err != nil && ctx.Err() == nil {
+		if warm && !kicked {
+			cctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
+			err := w.store.checkWarm(cctx)
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				continue
+			}
 			w.cfg.Logger.Warn("limiter: store went cold; warming again", "err", err)
 			w.set(false, 0, err)
-			warm = w.warmOnce(ctx)
 		}
+		// Not warm, a decision met NOSCRIPT or lost its connection, or a
+		// watch ended: warm every node again.
+		warm = warmUp()
 	}
 }

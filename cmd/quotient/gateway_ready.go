@@ -226,6 +226,8 @@ func (r *readiness) readyz(w http.ResponseWriter, _ *http.Request) {
 	case lacks == "":
 		st := r.warmer.Status()
 		fmt.Fprintf(w, "ready: redis warm (%d nodes, %d warm-ups), policies loaded\n", st.Nodes, st.Warmups)
+	case r.warmer.Status().Bypassed:
+		fmt.Fprintf(w, "ready in fallback: %s; Redis was lost: every decision comes from the in-process fallback, without a Redis call, until Redis is warm again (retried every %v)\n", lacks, r.warmer.RetryInterval())
 	default:
 		fmt.Fprintf(w, "ready in fallback: %s; decisions the store cannot make come from the in-process fallback\n", lacks)
 	}
