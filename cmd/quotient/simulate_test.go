@@ -128,3 +128,35 @@ func TestSimulateSameSeedSameOutputs(t *testing.T) {
 	}
 	assert.Equal(t, read(filepath.Join(dir, "one")), read(filepath.Join(dir, "two")))
 }
+
+// TestSimulateDeployedRefuses: what deployed mode cannot run, bad flag
+// combinations and a missing binary exit 2 with a message naming them,
+// before anything starts.
+func TestSimulateDeployedRefuses(t *testing.T) {
+	dir := t.TempDir()
+	light := writeScenario(t, dir, "light", passing)
+	lossy := writeScenario(t, dir, "lossy", strings.Replace(passing, `"regions": ["a", "b"],`, `"regions": ["a", "b"], "network": {"loss": 0.05},`, 1))
+
+	code, _, stderr := simulate(t, "--deployed", lossy)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, lossy+": network.loss: 0.05: deployed mode does not inject message loss")
+
+	code, _, stderr = simulate(t, "--deployed", "--live", light)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, "--deployed and --live exclude each other")
+
+	code, _, stderr = simulate(t, "--bin", "/x/quotient", light)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, "--bin and --devkafka need --deployed")
+
+	fake := filepath.Join(dir, "quotient")
+	require.NoError(t, os.WriteFile(fake, []byte("#!/bin/sh\n"), 0o755))
+	missing := filepath.Join(dir, "nowhere", "devkafka")
+	code, _, stderr = simulate(t, "--deployed", "--bin", fake, "--devkafka", missing, light)
+	assert.Equal(t, 2, code)
+	if os.Geteuid() != 0 {
+		assert.Contains(t, stderr, "needs root", "without root the lab's need is named first")
+		return
+	}
+	assert.Contains(t, stderr, missing+" is not an executable file", "the missing binary is named")
+}

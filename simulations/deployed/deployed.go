@@ -189,7 +189,7 @@ func (c *Config) findBinaries() error {
 		} else if p, err := exec.LookPath("quotient"); err == nil {
 			c.Quotient = p
 		} else {
-			return fmt.Errorf("%w: no quotient binary (give its path; make simulate-deployed builds it)", ErrUnavailable)
+			return fmt.Errorf("%w: no quotient binary: this executable is not named quotient and none is on the PATH (quotient simulate --bin; make simulate-deployed builds it)", ErrUnavailable)
 		}
 	}
 	if c.Devkafka == "" {
