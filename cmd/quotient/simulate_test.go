@@ -135,11 +135,13 @@ func TestSimulateSameSeedSameOutputs(t *testing.T) {
 func TestSimulateDeployedRefuses(t *testing.T) {
 	dir := t.TempDir()
 	light := writeScenario(t, dir, "light", passing)
-	lossy := writeScenario(t, dir, "lossy", strings.Replace(passing, `"regions": ["a", "b"],`, `"regions": ["a", "b"], "network": {"loss": 0.05},`, 1))
+	hourly := writeScenario(t, dir, "hourly", `{"name": "hourly", "duration_s": 3600, "regions": ["a", "b"], "window_s": 3600, "warmup_s": 0,
+	  "policies": [{"id": "h", "scope": "global", "algorithm": "fixed_window", "limit": 100, "window_s": 3600}],
+	  "traffic": [{"key": "k", "policies": ["h"], "rate": {"a": [[0, 1]]}}]}`)
 
-	code, _, stderr := simulate(t, "--deployed", lossy)
+	code, _, stderr := simulate(t, "--deployed", hourly)
 	assert.Equal(t, 2, code)
-	assert.Contains(t, stderr, lossy+": network.loss: 0.05: deployed mode does not inject message loss")
+	assert.Contains(t, stderr, hourly+": policies[0].algorithm: fixed_window: deployed mode runs token and leaky buckets only")
 
 	code, _, stderr = simulate(t, "--deployed", "--live", light)
 	assert.Equal(t, 2, code)

@@ -28,12 +28,13 @@ const twoEntries = `{"name": "two", "seed": 1, "duration_s": 120, "regions": ["a
   "traffic": [{"key": "k", "policies": ["p"], "rate": {"a": [[0, 5]]}},
               {"key": "k", "policies": ["p", "q"], "cost": 10, "rate": {"b": [[0, 1]]}}]}`
 
-// TestCheckNamesWhatCannotRun: fixed windows, loss and duplication are
-// refused with the path of the field; a bucket scenario passes.
+// TestCheckNamesWhatCannotRun: fixed windows and loss plus duplication
+// above 1 are refused with the path of the field; a bucket scenario
+// passes.
 func TestCheckNamesWhatCannotRun(t *testing.T) {
 	require.NoError(t, Check(parse(t, twoEntries)))
 	bad := parse(t, `{"name": "bad", "duration_s": 3600, "regions": ["a", "b"], "window_s": 3600, "warmup_s": 0,
-	  "network": {"loss": 0.05, "duplicate": 0.02},
+	  "network": {"loss": 0.5, "duplicate": 0.6},
 	  "policies": [{"id": "h", "scope": "global", "algorithm": "fixed_window", "limit": 100, "window_s": 3600}],
 	  "traffic": [{"key": "k", "policies": ["h"], "rate": {"a": [[0, 1]]}}]}`)
 	err := Check(bad)
@@ -43,7 +44,7 @@ func TestCheckNamesWhatCannotRun(t *testing.T) {
 	for _, p := range serr.Problems {
 		paths = append(paths, p.Path)
 	}
-	assert.Equal(t, []string{"policies[0].algorithm", "network.loss", "network.duplicate"}, paths)
+	assert.Equal(t, []string{"policies[0].algorithm", "network"}, paths)
 }
 
 // TestPolicyDocs: each policy matches the routes of the entries naming it,

@@ -48,11 +48,19 @@
 // broker's included (netlab Block, Unblock when they end; overlapping
 // partitions of one region end together at the first to_s).
 //
-// Loss and duplication are not injected: on the real path TCP neither
-// loses nor duplicates, and Kafka's producers retry a failed request, so a
-// "lost" message is a late one and a duplicated one is a record written
-// twice, which the coordinators drop by (region, epoch, sequence). Check
-// rejects a scenario with loss or duplicate above zero.
+// Loss and duplication: TCP neither loses nor duplicates, and Kafka's
+// producers retry a failed request, so on the real path a message is lost
+// when the broker acknowledges a write it does not keep, and duplicated
+// when a write is stored twice (a retry after a lost acknowledgement,
+// without idempotence). The broker does both: devkafka --drop-produce
+// loss --duplicate-produce duplicate --fault-topic quotient.usage, one
+// draw per produce request of a usage report (seeded by the scenario's
+// seed). Differences from virtual time, where each delivery (message and
+// receiving region) is lost or duplicated on its own: a lost report is
+// lost for every region at once, and only the reports' topic is touched
+// (the coordinators' other topics, policy log and daily-quota counts,
+// are not). A duplicate is dropped by the coordinators by (region, epoch,
+// sequence) in both modes.
 //
 // Clock skew is not applied: neither binary has a clock offset flag, and
 // the hosts share the machine's clock. Check accepts clock_skew_ms and

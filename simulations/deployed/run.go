@@ -35,6 +35,10 @@ const (
 	brokerPort      = 9092
 )
 
+// usageTopic is the coordinators' usage-report topic (their --topic
+// default), the one the broker loses and duplicates reports on.
+const usageTopic = "quotient.usage"
+
 type regionRun struct {
 	name        string
 	host        *netlab.Host
@@ -194,6 +198,11 @@ func (r *run) setup(ctx context.Context) error {
 	}
 	r.devk = &proc{name: "devkafka", host: r.broker.Command, log: filepath.Join(r.dir, "devkafka.log"),
 		args: []string{r.cfg.Devkafka, "--listen", r.broker.Addr(brokerPort)}}
+	if n := sc.Network; n.Loss > 0 || n.Duplicate > 0 {
+		r.devk.args = append(r.devk.args, "--drop-produce", strconv.FormatFloat(n.Loss, 'g', -1, 64),
+			"--duplicate-produce", strconv.FormatFloat(n.Duplicate, 'g', -1, 64),
+			"--fault-topic", usageTopic, "--fault-seed", strconv.FormatUint(uint64(sc.Seed), 10))
+	}
 	if err := r.devk.start(); err != nil {
 		return err
 	}
@@ -242,7 +251,7 @@ func (r *run) setup(ctx context.Context) error {
 			args: []string{r.cfg.Quotient, "coordinator", "--region", name, "--regions", join(sc.Regions),
 				"--redis", h.Addr(redisPort), "--kafka", r.broker.Addr(brokerPort), "--listen", h.Addr(coordinatorPort),
 				"--epoch", r.t.epoch.String(), "--max-wait", r.t.maxWait.String(), "--collect-delay", r.t.collect.String(),
-				"--policies", polFile}}
+				"--topic", usageTopic, "--policies", polFile}}
 		rr.gateway = &proc{name: "gateway-" + name, host: h.Command, log: filepath.Join(r.dir, "gateway-"+name+".log"),
 			args: []string{r.cfg.Quotient, "gateway", "--listen", h.Addr(gatewayPort), "--upstream", upURL,
 				"--redis", h.Addr(redisPort), "--region", name, "--regions", join(sc.Regions),
