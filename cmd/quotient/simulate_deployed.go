@@ -19,6 +19,7 @@ type deployedFlags struct {
 	bin, devkafka string
 	compare       bool
 	timeout       time.Duration
+	logs          string
 }
 
 func (df *deployedFlags) register(fs *flag.FlagSet) {
@@ -26,6 +27,7 @@ func (df *deployedFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&df.bin, "bin", "", "--deployed: the quotient binary the regions run (default: this executable)")
 	fs.StringVar(&df.devkafka, "devkafka", "", "--deployed: the devkafka binary (default: devkafka next to the quotient binary, else on the PATH)")
 	fs.BoolVar(&df.compare, "compare", true, "--deployed: also run virtual time on the same (rate-scaled) scenario and print both per-window errors")
+	fs.StringVar(&df.logs, "logs", "", "--deployed: keep the processes' logs and the policy and key files in this folder (default: a temporary one, removed after a run that did not fail)")
 	fs.DurationVar(&df.timeout, "store-timeout", 5*time.Millisecond, "--deployed: the gateways' --timeout (deadline of every Redis call)")
 }
 
@@ -60,6 +62,7 @@ func (df *deployedFlags) config(fs *flag.FlagSet, lf liveFlags, cold bool) (depl
 		cfg.TimeScale = lf.timeScale
 	}
 	cfg.StoreDeadline = df.timeout
+	cfg.Dir = df.logs
 	for _, p := range []*string{&df.bin, &df.devkafka} {
 		if *p != "" {
 			abs, err := filepath.Abs(*p)
