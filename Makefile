@@ -12,7 +12,7 @@ FUZZTIME ?= 5s
 BENCHTIME ?= 2s
 PKGS := ./...
 
-.PHONY: all build test test-unit e2e fuzz lint bench bench-limiter bench-rls simulate proto deps tools clean
+.PHONY: all build test test-unit e2e e2e-faults fuzz lint bench bench-limiter bench-rls simulate simulate-deployed proto deps tools clean
 
 all: build
 
@@ -70,6 +70,19 @@ bench-rls:
 ## simulate: the standard scenario suite in virtual time; prints the accuracy table
 simulate:
 	$(GO) run ./cmd/quotient simulate --out out/simulate simulations/scenarios/*.json
+
+## simulate-deployed: the scenarios deployed mode can run, on the shipped
+## binaries (a network namespace per region, devkafka on its own host),
+## time-compressed by TIME_SCALE and lightened by RATE_SCALE, each beside
+## its virtual-time run (needs root, ip, nft, redis-server; one run at a time)
+TIME_SCALE ?= 5
+RATE_SCALE ?= 5
+DEPLOYED_SCENARIOS ?= $(filter-out %/fixed-window-replicated.json %/five-regions-lossy.json %/zipf-many-keys.json,$(wildcard simulations/scenarios/*.json))
+simulate-deployed: deps
+	mkdir -p out/bin
+	CGO_ENABLED=0 $(GO) build -o out/bin/quotient ./cmd/quotient
+	CGO_ENABLED=0 $(GO) build -o out/bin/devkafka ./cmd/devkafka
+	out/bin/quotient simulate --deployed --time-scale $(TIME_SCALE) --rate-scale $(RATE_SCALE) --out out/deployed $(DEPLOYED_SCENARIOS)
 
 ## proto: regenerate the committed protobuf code
 proto:

@@ -7,6 +7,7 @@
 //	devkafka --listen 127.0.0.1:9092 [--partitions N]
 //	         [--tls-cert FILE --tls-key FILE]
 //	         [--sasl SCRAM-SHA-512 --sasl-user NAME --sasl-password-file FILE]
+//	         [--drop-produce P] [--duplicate-produce Q] [--fault-topic T] [--fault-seed N]
 //
 // With --tls-cert and --tls-key it serves TLS only (the files are re-read
 // when they change, as the coordinator's listener does); with --sasl it
@@ -15,6 +16,11 @@
 // variable DEVKAFKA_SASL_PASSWORD), so `quotient coordinator` can be run
 // locally with the same --kafka-tls and --kafka-sasl settings as in
 // production.
+//
+// With --drop-produce or --duplicate-produce it loses (acknowledges without
+// storing) or duplicates (stores twice) each produce request to --fault-topic
+// with that probability: the message loss and duplication of deployed-mode
+// scenarios (faults.go).
 //
 // It prints the address it listens on and runs until SIGINT or SIGTERM.
 // Topics are created on first use (auto-creation on) with N partitions
@@ -102,7 +108,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	mechanism := fs.String("sasl", "", "require SASL: SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (with --sasl-user)")
 	user := fs.String("sasl-user", "", "the one SASL user")
 	pwFile := fs.String("sasl-password-file", "", "file holding the SASL user's password (default: $"+saslPasswordEnv+")")
+	var faults produceFaults
+	fs.Float64Var(&faults.drop, "drop-produce", 0, "probability that a produce request is acknowledged and not stored (a lost message)")
+	fs.Float64Var(&faults.duplicate, "duplicate-produce", 0, "probability that a produce request is stored twice (a duplicated message)")
+	fs.StringVar(&faults.topic, "fault-topic", "", "lose and duplicate only produce requests to this topic (default: every topic)")
+	fs.Uint64Var(&faults.seed, "fault-seed", 1, "seed of the loss and duplication draws")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := faults.validate(); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -136,6 +150,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("start broker on %s: %w", *listen, err)
 	}
 	defer c.Close()
+	if faults.active() {
+		stopFaults, err := faults.install(c, c.ListenAddrs()[0], stderr)
+		if err != nil {
+			return err
+		}
+		defer stopFaults()
+	}
 	for _, addr := range c.ListenAddrs() {
 		fmt.Fprintln(stdout, addr)
 	}

@@ -17,11 +17,15 @@ import (
 // runSimulate implements `quotient simulate [--out DIR] [--seed N] FILE...`:
 // it validates every scenario file, runs the valid ones in virtual time
 // (or, with --live, in scaled real time against real Redis servers, a
-// Kafka broker and the region coordinators; see package simulations/live),
+// Kafka broker and the region coordinators, see package simulations/live;
+// or, with --deployed, on the shipped binaries in network namespaces, see
+// package simulations/deployed),
 // writes their outputs into --out and prints the accuracy table. Exit
 // status: 0 when every scenario meets its target, 1 when one misses it, 2
-// when a file is invalid (or uses a field live mode does not support) or a
-// run fails (the other files still run).
+// when a file is invalid (or uses a field live or deployed mode does not
+// support), the machine lacks what --deployed needs (root, ip, nft,
+// redis-server, the binaries; the message names it) or a run fails (the
+// other files still run).
 func runSimulate(ctx context.Context, env environment, args []string) int {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
@@ -31,8 +35,11 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 	progress := fs.Bool("progress", isTerminal(env.stderr), "show progress on stderr (default: when stderr is a terminal)")
 	var lf liveFlags
 	lf.register(fs)
+	var df deployedFlags
+	df.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(env.stderr, "usage: quotient simulate [--out DIR] [--seed N] [--cold-start] FILE...")
+		fmt.Fprintln(env.stderr, "       quotient simulate --deployed [--time-scale N] [--rate-scale F] [--bin QUOTIENT] [--devkafka DEVKAFKA] [--out DIR] [--seed N] FILE...")
 		fmt.Fprintln(env.stderr, "       quotient simulate --live --kafka ADDR --redis REGION=ADDR,... [--time-scale N] [--rate-scale F] [--out DIR] [--seed N] FILE...")
 		fmt.Fprintln(env.stderr, "\nRuns scenario files (see simulations/doc.go) in virtual time through the real limiter")
 		fmt.Fprintln(env.stderr, "and writes <name>.summary.json, .windows.csv, .seconds.csv and .svg into DIR.")
@@ -59,6 +66,14 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 			return 2
 		}
 		seedOverride = &v
+	}
+	dcfg, err := df.config(fs, lf, *cold)
+	if err != nil {
+		fmt.Fprintln(env.stderr, "quotient simulate:", err)
+		return 2
+	}
+	if df.deployed {
+		lf.live = false // deployed mode shares --time-scale and --rate-scale only
 	}
 	lcfg, err := lf.config(*cold)
 	if err != nil {
@@ -91,6 +106,18 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 		}
 		if seedOverride != nil {
 			sc.Seed = *seedOverride
+		}
+		if df.deployed {
+			rep, code := runDeployedFile(ctx, env, file, sc, df, lf, dcfg, *progress, *out)
+			if rep != nil {
+				if err := rep.WriteFiles(*out); err != nil {
+					fmt.Fprintf(env.stderr, "%s: %v\n", file, err)
+					code = 2
+				}
+				reports = append(reports, rep)
+			}
+			status = max(status, code)
+			continue
 		}
 		if lf.live {
 			rep, code := runLiveFile(ctx, env, file, sc, lf, lcfg, *progress)

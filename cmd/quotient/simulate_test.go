@@ -128,3 +128,37 @@ func TestSimulateSameSeedSameOutputs(t *testing.T) {
 	}
 	assert.Equal(t, read(filepath.Join(dir, "one")), read(filepath.Join(dir, "two")))
 }
+
+// TestSimulateDeployedRefuses: what deployed mode cannot run, bad flag
+// combinations and a missing binary exit 2 with a message naming them,
+// before anything starts.
+func TestSimulateDeployedRefuses(t *testing.T) {
+	dir := t.TempDir()
+	light := writeScenario(t, dir, "light", passing)
+	hourly := writeScenario(t, dir, "hourly", `{"name": "hourly", "duration_s": 3600, "regions": ["a", "b"], "window_s": 3600, "warmup_s": 0,
+	  "policies": [{"id": "h", "scope": "global", "algorithm": "fixed_window", "limit": 100, "window_s": 3600}],
+	  "traffic": [{"key": "k", "policies": ["h"], "rate": {"a": [[0, 1]]}}]}`)
+
+	code, _, stderr := simulate(t, "--deployed", hourly)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, hourly+": policies[0].algorithm: fixed_window: deployed mode runs token and leaky buckets only")
+
+	code, _, stderr = simulate(t, "--deployed", "--live", light)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, "--deployed and --live exclude each other")
+
+	code, _, stderr = simulate(t, "--bin", "/x/quotient", light)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, "--bin and --devkafka need --deployed")
+
+	fake := filepath.Join(dir, "quotient")
+	require.NoError(t, os.WriteFile(fake, []byte("#!/bin/sh\n"), 0o755))
+	missing := filepath.Join(dir, "nowhere", "devkafka")
+	code, _, stderr = simulate(t, "--deployed", "--bin", fake, "--devkafka", missing, light)
+	assert.Equal(t, 2, code)
+	if os.Geteuid() != 0 {
+		assert.Contains(t, stderr, "needs root", "without root the lab's need is named first")
+		return
+	}
+	assert.Contains(t, stderr, missing+" is not an executable file", "the missing binary is named")
+}

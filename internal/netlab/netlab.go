@@ -5,10 +5,13 @@
 // bridge. Links can be cut in both directions with nftables rules inside
 // the hosts (a partition), and healed again.
 //
-// It is for tests only: it needs root, iproute2 (`ip`) and nftables
-// (`nft`); Available says what is missing. Every name it creates carries
-// a per-lab suffix, and Close (registered with t.Cleanup) deletes the
-// namespaces and the bridge, so labs of concurrent tests do not meet.
+// It serves tests (New, AddHost, Cut and Heal fail the test on an error)
+// and programs such as `quotient simulate --deployed` (Open, NewHost,
+// Block, Unblock and Redirect return errors). It needs root, iproute2
+// (`ip`) and nftables (`nft`); Available says what is missing. Every name
+// it creates carries a per-lab suffix, and Close (registered with
+// t.Cleanup by New; the caller's job after Open) deletes the namespaces
+// and the bridge, so concurrent labs do not meet.
 // Addresses come from 10.213.0.0/16, used only inside the lab: traffic
 // to them never leaves the machine.
 //
@@ -26,7 +29,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 )
 
@@ -47,9 +49,17 @@ func Available() error {
 // labs numbers labs of this process; with the pid it makes names unique.
 var labs atomic.Int64
 
-// Lab is one test network. Its methods are safe for concurrent use.
+// TB is the part of testing.TB that New uses (so that programs using Open
+// do not link package testing).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
+// Lab is one network. Its methods are safe for concurrent use.
 type Lab struct {
-	t      testing.TB
+	t      TB     // nil for a lab from Open
 	id     string // suffix of every name
 	bridge string
 	subnet int // third octet of the lab's /24
@@ -69,14 +79,28 @@ type Host struct {
 
 // New builds an empty lab (a bridge in the root namespace with the
 // gateway address .1) and registers its removal with t.Cleanup. It fails
-// the test when Available fails.
-func New(t testing.TB) *Lab {
+// the test when Available or the setup fails. Its AddHost, Cut and Heal
+// fail the test on an error.
+func New(t TB) *Lab {
 	t.Helper()
-	if err := Available(); err != nil {
+	l, err := Open()
+	if err != nil {
 		t.Fatal(err)
 	}
+	l.t = t
+	t.Cleanup(l.Close)
+	return l
+}
+
+// Open builds an empty lab as New does, for a program: the error names what
+// is missing (Available) or which setup command failed, and the caller
+// must call Close (also after an error of a later method).
+func Open() (*Lab, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
 	n := labs.Add(1)
-	l := &Lab{t: t, id: fmt.Sprintf("%d%d", os.Getpid()%100000, n), subnet: -1}
+	l := &Lab{id: fmt.Sprintf("%d%d", os.Getpid()%100000, n), subnet: -1}
 	for i := range int64(250) {
 		s := int((int64(os.Getpid())*7 + n + i) % 250)
 		if out, err := exec.Command("ip", "-4", "-o", "addr", "show", "to", fmt.Sprintf("10.213.%d.0/24", s)).Output(); err == nil && len(bytes.TrimSpace(out)) == 0 {
@@ -85,40 +109,66 @@ func New(t testing.TB) *Lab {
 		}
 	}
 	if l.subnet < 0 {
-		t.Fatal("netlab: no free /24 in 10.213.0.0/16")
+		return nil, errors.New("netlab: no free /24 in 10.213.0.0/16")
 	}
 	l.bridge = "qlb" + l.id
-	t.Cleanup(l.Close)
-	l.must("ip", "link", "add", l.bridge, "type", "bridge")
-	l.must("ip", "addr", "add", l.Gateway()+"/24", "dev", l.bridge)
-	l.must("ip", "link", "set", l.bridge, "up")
-	return l
+	for _, c := range [][]string{
+		{"ip", "link", "add", l.bridge, "type", "bridge"},
+		{"ip", "addr", "add", l.Gateway() + "/24", "dev", l.bridge},
+		{"ip", "link", "set", l.bridge, "up"},
+	} {
+		if err := run(c[0], c[1:]...); err != nil {
+			l.Close()
+			return nil, err
+		}
+	}
+	return l, nil
 }
 
-// AddHost creates a namespace named after name, with loopback up and one
-// interface on the lab's bridge, and returns it.
+// AddHost is NewHost for a lab from New: it fails the test on an error
+// (and panics on a lab from Open, a programmer error).
 func (l *Lab) AddHost(name string) *Host {
 	l.t.Helper()
+	h, err := l.NewHost(name)
+	l.check(err)
+	return h
+}
+
+// NewHost creates a namespace named after name, with loopback up and one
+// interface on the lab's bridge, and returns it. On an error the host may
+// be half built; Close removes it.
+func (l *Lab) NewHost(name string) (*Host, error) {
 	l.mu.Lock()
 	i := len(l.hosts)
 	h := &Host{lab: l, Name: name, NS: fmt.Sprintf("ql%s-%d", l.id, i), IP: fmt.Sprintf("10.213.%d.%d", l.subnet, i+2), veth: fmt.Sprintf("qv%s-%d", l.id, i)}
 	l.hosts = append(l.hosts, h)
 	l.mu.Unlock()
 	peer := h.veth + "p"
-	l.must("ip", "netns", "add", h.NS)
-	l.must("ip", "link", "add", h.veth, "type", "veth", "peer", "name", peer)
-	l.must("ip", "link", "set", peer, "netns", h.NS)
-	l.must("ip", "link", "set", h.veth, "master", l.bridge)
-	l.must("ip", "link", "set", h.veth, "up")
-	l.must("ip", "-n", h.NS, "link", "set", "lo", "up")
-	l.must("ip", "-n", h.NS, "link", "set", peer, "name", "eth0")
-	l.must("ip", "-n", h.NS, "addr", "add", h.IP+"/24", "dev", "eth0")
-	l.must("ip", "-n", h.NS, "link", "set", "eth0", "up")
-	l.must("ip", "-n", h.NS, "route", "add", "default", "via", l.Gateway())
-	l.must("ip", "netns", "exec", h.NS, "nft", "add", "table", "inet", "netlab")
-	l.must("ip", "netns", "exec", h.NS, "nft", "add", "chain", "inet", "netlab", "input", "{ type filter hook input priority 0; policy accept; }")
-	l.must("ip", "netns", "exec", h.NS, "nft", "add", "chain", "inet", "netlab", "output", "{ type filter hook output priority 0; policy accept; }")
-	return h
+	for _, c := range [][]string{
+		{"ip", "netns", "add", h.NS},
+		{"ip", "link", "add", h.veth, "type", "veth", "peer", "name", peer},
+		{"ip", "link", "set", peer, "netns", h.NS},
+		{"ip", "link", "set", h.veth, "master", l.bridge},
+		{"ip", "link", "set", h.veth, "up"},
+		{"ip", "-n", h.NS, "link", "set", "lo", "up"},
+		{"ip", "-n", h.NS, "link", "set", peer, "name", "eth0"},
+		{"ip", "-n", h.NS, "addr", "add", h.IP + "/24", "dev", "eth0"},
+		{"ip", "-n", h.NS, "link", "set", "eth0", "up"},
+		{"ip", "-n", h.NS, "route", "add", "default", "via", l.Gateway()},
+		h.nft("add", "table", "inet", "netlab"),
+		h.nft("add", "chain", "inet", "netlab", "input", "{ type filter hook input priority 0; policy accept; }"),
+		h.nft("add", "chain", "inet", "netlab", "output", "{ type filter hook output priority 0; policy accept; }"),
+	} {
+		if err := run(c[0], c[1:]...); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+// nft is the command line of nft args... inside the host.
+func (h *Host) nft(args ...string) []string {
+	return append([]string{"ip", "netns", "exec", h.NS, "nft"}, args...)
 }
 
 // Gateway is the lab's address in the root namespace (the bridge's): the
@@ -134,21 +184,83 @@ func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.C
 // Addr is host:port on this host.
 func (h *Host) Addr(port int) string { return fmt.Sprintf("%s:%d", h.IP, port) }
 
-// Cut drops every packet between h and the other hosts, in both
-// directions (the test process can still reach h). Heal undoes it.
+// Cut is Block for a lab from New: it fails the test on an error.
 func (h *Host) Cut(others ...*Host) {
 	h.lab.t.Helper()
-	for _, o := range others {
-		h.lab.must("ip", "netns", "exec", h.NS, "nft", "add", "rule", "inet", "netlab", "input", "ip", "saddr", o.IP, "drop")
-		h.lab.must("ip", "netns", "exec", h.NS, "nft", "add", "rule", "inet", "netlab", "output", "ip", "daddr", o.IP, "drop")
-	}
+	h.lab.check(h.Block(others...))
 }
 
-// Heal removes every cut of h.
+// Heal is Unblock for a lab from New: it fails the test on an error.
 func (h *Host) Heal() {
 	h.lab.t.Helper()
-	h.lab.must("ip", "netns", "exec", h.NS, "nft", "flush", "chain", "inet", "netlab", "input")
-	h.lab.must("ip", "netns", "exec", h.NS, "nft", "flush", "chain", "inet", "netlab", "output")
+	h.lab.check(h.Unblock())
+}
+
+// Block drops every packet between h and the other hosts, in both
+// directions (the root namespace can still reach h). Unblock undoes it.
+// Connections that Redirect sends elsewhere are matched by the address
+// they were opened to (conntrack's original tuple), so a blocked host is
+// also cut from a redirected peer, in both directions.
+func (h *Host) Block(others ...*Host) error {
+	for _, o := range others {
+		for _, c := range [][]string{
+			h.nft("add", "rule", "inet", "netlab", "input", "ip", "saddr", o.IP, "drop"),
+			h.nft("add", "rule", "inet", "netlab", "output", "ip", "daddr", o.IP, "drop"),
+			// Connections Redirect sent elsewhere, by their original
+			// destination (the NAT has rewritten daddr before this filter).
+			h.nft("add", "rule", "inet", "netlab", "output", "ct", "original", "ip", "daddr", o.IP, "drop"),
+			h.nft("add", "rule", "inet", "netlab", "input", "ct", "original", "ip", "daddr", o.IP, "drop"),
+		} {
+			if err := run(c[0], c[1:]...); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Unblock removes every block of h.
+func (h *Host) Unblock() error {
+	for _, chain := range []string{"input", "output"} {
+		c := h.nft("flush", "chain", "inet", "netlab", chain)
+		if err := run(c[0], c[1:]...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Redirect sends the TCP connections that processes of h open to
+// to.IP:port to via (host:port, typically a proxy in the root namespace
+// on the lab's Gateway address) instead, by destination NAT in h's output
+// path; Block still cuts them (it matches the original destination).
+// Calling it again for the same destination adds a rule that never
+// matches (the first one wins).
+func (h *Host) Redirect(to *Host, port int, via string) error {
+	for _, c := range [][]string{
+		h.nft("add", "table", "ip", "netlabnat"),
+		h.nft("add", "chain", "ip", "netlabnat", "output", "{ type nat hook output priority -100; policy accept; }"),
+		h.nft("add", "chain", "ip", "netlabnat", "input", "{ type nat hook input priority 100; policy accept; }"),
+		h.nft("add", "rule", "ip", "netlabnat", "output", "ip", "daddr", to.IP, "tcp", "dport", fmt.Sprint(port), "dnat", "to", via),
+	} {
+		if err := run(c[0], c[1:]...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check fails the test of a lab from New with err, or panics on a lab from
+// Open (whose callers use the error-returning methods).
+func (l *Lab) check(err error) {
+	if err == nil {
+		return
+	}
+	if l.t == nil {
+		panic(fmt.Sprintf("netlab: a test helper on a lab from Open: %v", err))
+	}
+	l.t.Helper()
+	l.t.Fatal(err)
 }
 
 // Close deletes every namespace and the bridge (processes still running
@@ -164,13 +276,6 @@ func (l *Lab) Close() {
 		_ = run("ip", "netns", "del", h.NS)
 	}
 	_ = run("ip", "link", "del", l.bridge)
-}
-
-func (l *Lab) must(name string, args ...string) {
-	l.t.Helper()
-	if err := run(name, args...); err != nil {
-		l.t.Fatal(err)
-	}
 }
 
 // run runs one setup command, bounded by 10 s.

@@ -1,0 +1,87 @@
+package e2e
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quotientlabs/quotient/internal/netlab"
+	"github.com/quotientlabs/quotient/simulations"
+	"github.com/quotientlabs/quotient/simulations/deployed"
+	"github.com/quotientlabs/quotient/simulations/live"
+)
+
+// The short deployed suite's scenario and scaling: time compressed 5 x
+// (its 720 s in 144 s of real time), rates divided by 5 (so the real
+// request and policy rates are the scenario's own).
+const (
+	deployedScenario  = "abrupt-shift"
+	deployedTimeScale = 5
+	deployedRateScale = 5
+	deployedMaxDiff   = 0.05 // issue 12: every window within 5 points of virtual time
+)
+
+// TestDeployedMatchesVirtual runs one public scenario in deployed mode
+// (quotient simulate --deployed's runner: each region a network namespace
+// with its redis-server, coordinator and gateway, devkafka on its own
+// host, the scenario's latency on a proxy per region) and checks every
+// evaluation window's error against virtual time on the same scenario,
+// within 5 points.
+func TestDeployedMatchesVirtual(t *testing.T) {
+	t.Parallel() // its own lab, ports inside its own namespaces
+	if err := netlab.Available(); err != nil {
+		t.Skipf("this machine lacks what network namespaces need: %v", err)
+	}
+	_, file, _, _ := runtime.Caller(0)
+	data, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "simulations", "scenarios", deployedScenario+".json"))
+	require.NoError(t, err)
+	sc, err := simulations.ParseScenario(data)
+	require.NoError(t, err)
+	sc, err = live.ScaleRates(sc, deployedRateScale)
+	require.NoError(t, err)
+
+	cfg := deployed.DefaultConfig()
+	cfg.TimeScale = deployedTimeScale
+	cfg.Quotient, cfg.Devkafka = bin(t, "quotient"), bin(t, "devkafka")
+	cfg.Dir = t.TempDir()
+	cfg.Logf = t.Logf
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dep, st, err := deployed.Run(ctx, sc, cfg)
+	if err != nil {
+		for _, name := range []string{"devkafka", "coordinator-us-east", "gateway-us-east"} {
+			t.Logf("--- %s, last lines:\n%s", name, tail(filepath.Join(cfg.Dir, name+".log"), 20))
+		}
+	}
+	require.NoError(t, err)
+	t.Logf("deployed: %d requests answered, %d errors (last %q), %d store fallbacks, worst lateness %v, not applied: %v",
+		st.Requests, st.Errors, st.LastError, st.Fallback, st.MaxLateness, st.NotApplied)
+	ok, why := st.Faithful()
+	require.True(t, ok, "the run did not keep its real-time schedule, so it measures the machine: %s", why)
+
+	virt, err := simulations.Run(ctx, sc, simulations.Options{})
+	require.NoError(t, err)
+	c, err := deployed.Compare(dep, virt)
+	require.NoError(t, err)
+	var table strings.Builder
+	require.NoError(t, c.WriteTable(&table, dep.WindowStarts(), 4))
+	t.Logf("virtual worst over %.1f%% under %.1f%%; deployed worst over %.1f%% under %.1f%%\n%s",
+		100*virt.Worst.MaxOver, 100*virt.Worst.MaxUnder, 100*dep.Worst.MaxOver, 100*dep.Worst.MaxUnder, table.String())
+	starts := dep.WindowStarts()
+	for _, k := range c.Keys {
+		require.NotEmpty(t, k.Deployed)
+		for w := range k.Deployed {
+			assert.LessOrEqual(t, math.Abs(k.Deployed[w]-k.Virtual[w]), deployedMaxDiff,
+				"%s/%s window at %d s: deployed %+.1f%%, virtual %+.1f%%", k.Key, k.Policy, starts[w], 100*k.Deployed[w], 100*k.Virtual[w])
+		}
+	}
+	assert.Equal(t, virt.Decisions, dep.Decisions+st.Errors, "every request of the schedule was sent")
+}
