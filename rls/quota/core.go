@@ -233,11 +233,16 @@ func (c *Core) Report(now time.Time, e EnvoyID, k BucketKey, u Usage) []Action {
 		s = &sub{lastActive: now}
 		b.subs[e] = s
 	}
-	s.connected, s.abandoned = true, false
 	n := u.Allowed + u.Denied
 	if n < u.Allowed { // overflow
 		n = math.MaxUint64
 	}
+	if s.abandoned && n == 0 {
+		// A report that crossed the abandon: Envoy drops the bucket and
+		// reports it again only with a new request.
+		return nil
+	}
+	s.connected, s.abandoned = true, false
 	if n > 0 {
 		s.lastActive = now
 	}

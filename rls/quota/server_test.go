@@ -1,0 +1,470 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/quotientlabs/quotient/internal/redistest"
+	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rls"
+)
+
+const testConfig = `
+domain: edge
+descriptors:
+  - key: path
+    value: /api
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: tenant
+    descriptors:
+      - key: route
+        rate_limit: {unit: minute, requests_per_unit: 600}
+`
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	return c.now
+}
+
+type harness struct {
+	srv    *Server
+	rc     redis.UniversalClient
+	clock  *fakeClock
+	client rlqsv3.RateLimitQuotaServiceClient
+	cfg    *rls.Config
+	qcfg   Config
+}
+
+func startQuota(t *testing.T) *harness {
+	t.Helper()
+	rc := redistest.StartServer(t).Client()
+	cfg, err := rls.Parse([]rls.File{{Name: "edge.yaml", Data: []byte(testConfig)}}, rls.ParseOptions{})
+	require.NoError(t, err)
+	clock := &fakeClock{now: time.Now().Truncate(10 * time.Second)}
+	qcfg := DefaultConfig()
+	srv, err := NewServer(ServerConfig{
+		Config:  func() *rls.Config { return cfg },
+		Shares:  &RedisShares{Client: rc},
+		Usage:   limiter.NewRedisUsageSink(rc, limiter.DefaultUsageShards, 10*time.Second, 3),
+		Regions: func() int { return 1 },
+		Quota:   qcfg,
+		Clock:   clock,
+	})
+	require.NoError(t, err)
+	gs := grpc.NewServer()
+	rlqsv3.RegisterRateLimitQuotaServiceServer(gs, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return &harness{srv: srv, rc: rc, clock: clock, client: rlqsv3.NewRateLimitQuotaServiceClient(conn), cfg: cfg, qcfg: qcfg}
+}
+
+// envoy is one simulated Envoy: a real bidirectional stream; a goroutine
+// records every bucket action it receives.
+type envoy struct {
+	name   string
+	stream rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	actions []*rlqsv3.RateLimitQuotaResponse_BucketAction
+	ended   error
+	done    chan struct{}
+	onRecv  func(e *envoy, a *rlqsv3.RateLimitQuotaResponse_BucketAction)
+}
+
+func (h *harness) envoy(t *testing.T, name string, onRecv func(*envoy, *rlqsv3.RateLimitQuotaResponse_BucketAction)) *envoy {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	st, err := h.client.StreamRateLimitQuotas(ctx)
+	require.NoError(t, err)
+	e := &envoy{name: name, stream: st, cancel: cancel, done: make(chan struct{}), onRecv: onRecv}
+	t.Cleanup(cancel)
+	go func() {
+		defer close(e.done)
+		for {
+			resp, err := st.Recv()
+			if err != nil {
+				e.mu.Lock()
+				e.ended = err
+				e.mu.Unlock()
+				return
+			}
+			for _, a := range resp.BucketAction {
+				e.mu.Lock()
+				e.actions = append(e.actions, a)
+				if e.onRecv != nil {
+					e.onRecv(e, a)
+				}
+				e.mu.Unlock()
+			}
+		}
+	}()
+	return e
+}
+
+func usage(id map[string]string, allowed, denied uint64, elapsed time.Duration) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
+	return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(elapsed),
+		NumRequestsAllowed: allowed, NumRequestsDenied: denied,
+	}
+}
+
+func (e *envoy) report(t *testing.T, domain string, us ...*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) {
+	t.Helper()
+	require.NoError(t, e.stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: domain, BucketQuotaUsages: us}))
+}
+
+// latest is the last action received for the bucket, nil before any.
+func (e *envoy) latest() *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.actions) == 0 {
+		return nil
+	}
+	return e.actions[len(e.actions)-1]
+}
+
+// waitEnd waits, bounded, for the stream to end.
+func (e *envoy) waitEnd(t *testing.T) {
+	t.Helper()
+	select {
+	case <-e.done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("%s: the stream did not end", e.name)
+	}
+}
+
+func (e *envoy) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.actions)
+}
+
+func rateOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) Amount {
+	if a == nil || a.GetQuotaAssignmentAction() == nil {
+		return Amount{}
+	}
+	amt, _ := AmountOf(a.GetQuotaAssignmentAction().GetRateLimitStrategy())
+	return amt
+}
+
+// waitFor waits, bounded, until cond holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, not waiting for time to pass
+	}
+}
+
+// receipts checks the invariant from the Envoys' side: every assignment
+// received binds its Envoy for its TTL from receipt (the fake clock does
+// not move while messages travel), and the sum of the largest binding
+// assignment of each Envoy stays within the share.
+type receipts struct {
+	mu    sync.Mutex
+	clock *fakeClock
+	by    map[string][]sentGrant
+	share func() Amount
+	bad   []string
+}
+
+func (r *receipts) on(e *envoy, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
+	qa := a.GetQuotaAssignmentAction()
+	if qa == nil {
+		return
+	}
+	amt, _ := AmountOf(qa.GetRateLimitStrategy())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clock.Now()
+	r.by[e.name] = append(r.by[e.name], sentGrant{amt: amt, until: now.Add(qa.GetAssignmentTimeToLive().AsDuration())})
+	var sum Amount
+	for _, gs := range r.by {
+		var m Amount
+		for _, g := range gs {
+			if now.Before(g.until) {
+				m = maxAmount(m, g.amt)
+			}
+		}
+		sum = sum.add(m)
+	}
+	if s := r.share(); !sum.fits(s) {
+		r.bad = append(r.bad, e.name+": sum "+fmtAmount(sum)+" above share "+fmtAmount(s))
+	}
+}
+
+func fmtAmount(a Amount) string { return fmt.Sprintf("%d/%d milli", a.RateMilli, a.BurstMilli) }
+
+var apiBucket = map[string]string{"path": "/api"}
+
+// TestEnvoysMaxMinFairThenShareChange: three Envoys with skewed demand
+// (10, 40 and 200 requests/s) on one bucket of 100/s get 10, 40 and 50
+// once the first Envoy's larger assignment has run out; the Envoys' own
+// view of what binds them never sums above the share; a lowered share
+// record re-sends assignments within it.
+func TestEnvoysMaxMinFairThenShareChange(t *testing.T) {
+	h := startQuota(t)
+	share := Amount{100_000, 100_000}
+	var shareMu sync.Mutex
+	rec := &receipts{clock: h.clock, by: map[string][]sentGrant{}, share: func() Amount { shareMu.Lock(); defer shareMu.Unlock(); return share }}
+	es := []*envoy{h.envoy(t, "a", rec.on), h.envoy(t, "b", rec.on), h.envoy(t, "c", rec.on)}
+	demand := []uint64{10, 40, 200}
+	for i, e := range es {
+		e.report(t, "edge", usage(apiBucket, demand[i], 0, time.Second))
+		waitFor(t, e.name+"'s first assignment", func() bool { return e.latest() != nil })
+	}
+	// a got the whole share alone; b and c get what is left until a's
+	// first assignment runs out (TTL + InFlight after it was sent).
+	h.clock.Advance(h.qcfg.TTL + h.qcfg.InFlight)
+	for i, e := range es {
+		e.report(t, "edge", usage(apiBucket, demand[i], 0, time.Second))
+	}
+	h.srv.Tick(context.Background(), h.clock.Now())
+	want := []int64{10_000, 40_000, 50_000}
+	waitFor(t, "the max-min fair split 10/40/50", func() bool {
+		for i, e := range es {
+			if r := rateOf(e.latest()).RateMilli; r > want[i] || r < want[i]-10 {
+				return false
+			}
+		}
+		return true
+	})
+	var sum Amount
+	for _, e := range es {
+		sum = sum.add(rateOf(e.latest()))
+		assert.Equal(t, h.qcfg.TTL, e.latest().GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration())
+	}
+	assert.True(t, sum.fits(share), "sum %+v", sum)
+
+	// The coordinator halves the region's share.
+	policyID := mustBucket(t, h.cfg, apiBucket).Rule.Policy().ID
+	subj := mustBucket(t, h.cfg, apiBucket).Subject
+	require.NoError(t, limiter.NewRedisStore(h.rc).SetShare(context.Background(), subj, policyID, 50_000, 50_000, time.Minute))
+	before := []int{es[0].count(), es[1].count(), es[2].count()}
+	aBefore := es[0].latest()
+	h.srv.Tick(context.Background(), h.clock.Advance(time.Second))
+	waitFor(t, "re-sent assignments within the halved share", func() bool {
+		var s Amount
+		for i, e := range es {
+			// a's assignment (10/s, 10 requests of burst) is the same
+			// under either share, so it is not re-sent.
+			if i > 0 && e.count() == before[i] {
+				return false
+			}
+			s = s.add(rateOf(e.latest()))
+		}
+		return s.RateMilli <= 50_000 && s.BurstMilli <= 50_000
+	})
+	assert.Equal(t, before[0], es[0].count(), "a's unchanged assignment is not re-sent")
+	assert.Same(t, aBefore, es[0].latest())
+	// 50/s max-min fair over 10, 40, 200: 10, 20, 20.
+	for i, w := range []int64{10_000, 20_000, 20_000} {
+		r := rateOf(es[i].latest()).RateMilli
+		assert.InDelta(t, w, r, 10, "envoy %s", es[i].name)
+	}
+	shareMu.Lock()
+	share = Amount{50_000, 50_000} // from now on: the lowered share binds once a's older grants run out
+	shareMu.Unlock()
+	h.clock.Advance(h.qcfg.TTL + h.qcfg.InFlight)
+	for i, e := range es {
+		e.report(t, "edge", usage(apiBucket, demand[i], 0, time.Second))
+	}
+	h.srv.Tick(context.Background(), h.clock.Now())
+	rec.mu.Lock()
+	assert.Empty(t, rec.bad, "the Envoys' assignments summed above the share")
+	rec.mu.Unlock()
+	var after Amount
+	for _, e := range es {
+		after = after.add(rateOf(e.latest()))
+	}
+	assert.True(t, after.fits(Amount{50_000, 50_000}), "after the TTL: %+v", after)
+}
+
+func mustBucket(t *testing.T, cfg *rls.Config, id map[string]string) rls.Bucket {
+	t.Helper()
+	b, ok := cfg.LookupBucket("edge", id)
+	require.True(t, ok)
+	return b
+}
+
+// TestUsageReachesTheRegionsUsage: what the Envoys report is added to the
+// region's usage in the gateways' layout (limiter.RedisUsageSink: hash
+// qu:{epoch:shard}, fields d:<policy>:<subject key> and a:...), under the
+// rule's policy and the descriptor's subject, summed over Envoys.
+//
+// It reads the hashes rather than limiter.CollectUsage: CollectUsage (and
+// so the coordinator) rejects the descriptor subject kind ("d:") as an
+// unparsable field today, for RLS and RLQS usage alike (see the README).
+func TestUsageReachesTheRegionsUsage(t *testing.T) {
+	h := startQuota(t)
+	a, b := h.envoy(t, "a", nil), h.envoy(t, "b", nil)
+	a.report(t, "edge", usage(apiBucket, 30, 5, time.Second))
+	b.report(t, "edge", usage(apiBucket, 12, 0, time.Second))
+	waitFor(t, "assignments", func() bool { return a.latest() != nil && b.latest() != nil })
+	h.srv.Tick(context.Background(), h.clock.Now())
+	epoch := h.srv.epochOf(h.clock.Now())
+	bk := mustBucket(t, h.cfg, apiBucket)
+	suffix := ":" + bk.Rule.Policy().ID + ":" + bk.Subject.Key()
+	fields := map[string]string{}
+	for shard := range limiter.DefaultUsageShards {
+		m, err := h.rc.HGetAll(context.Background(), limiter.UsageKey(epoch, shard)).Result()
+		require.NoError(t, err)
+		for f, v := range m {
+			fields[f] = v
+		}
+	}
+	assert.Equal(t, map[string]string{"d" + suffix: "47", "a" + suffix: "42"}, fields)
+}
+
+// TestIdleBucketAbandoned: a bucket that reports no request for
+// IdleTimeout gets an AbandonAction.
+func TestIdleBucketAbandoned(t *testing.T) {
+	h := startQuota(t)
+	a := h.envoy(t, "a", nil)
+	a.report(t, "edge", usage(apiBucket, 3, 0, time.Second))
+	waitFor(t, "an assignment", func() bool { return a.latest() != nil })
+	for el := time.Duration(0); el < h.qcfg.IdleTimeout; el += time.Second {
+		h.clock.Advance(time.Second)
+		a.report(t, "edge", usage(apiBucket, 0, 0, time.Second))
+		h.srv.Tick(context.Background(), h.clock.Now())
+	}
+	waitFor(t, "an abandon action", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for _, act := range a.actions {
+			if act.GetAbandonAction() != nil {
+				assert.Equal(t, apiBucket, act.GetBucketId().GetBucket())
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// TestShutdownSendsTTLZero: Shutdown expires every assignment at once and
+// ends the streams with OK.
+func TestShutdownSendsTTLZero(t *testing.T) {
+	h := startQuota(t)
+	a, b := h.envoy(t, "a", nil), h.envoy(t, "b", nil)
+	a.report(t, "edge", usage(apiBucket, 3, 0, time.Second))
+	b.report(t, "edge", usage(map[string]string{"tenant": "t1", "route": "r"}, 3, 0, time.Second))
+	waitFor(t, "assignments", func() bool { return a.latest() != nil && b.latest() != nil })
+	require.NoError(t, h.srv.Shutdown(context.Background()))
+	for _, e := range []*envoy{a, b} {
+		e.waitEnd(t)
+		qa := e.latest().GetQuotaAssignmentAction()
+		require.NotNil(t, qa, e.name)
+		assert.Equal(t, time.Duration(0), qa.GetAssignmentTimeToLive().AsDuration(), e.name)
+		require.NotNil(t, qa.GetAssignmentTimeToLive(), "TTL 0 is set, not absent (absent means no expiry)")
+		assert.True(t, errors.Is(e.ended, io.EOF), "%s ended with %v", e.name, e.ended)
+	}
+}
+
+// TestMalformedReports: every malformed message ends its stream with a
+// status naming the problem, and changes nothing: no assignment, no
+// usage.
+func TestMalformedReports(t *testing.T) {
+	h := startQuota(t)
+	good := usage(apiBucket, 5, 0, time.Second)
+	for _, tc := range []struct {
+		name   string
+		domain string
+		us     []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage
+		code   codes.Code
+		msg    string
+	}{
+		{"missing domain", "", []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{good}, codes.InvalidArgument, "domain is empty"},
+		{"unknown bucket", "edge", []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{good, usage(map[string]string{"path": "/other"}, 1, 0, time.Second)}, codes.NotFound, "bucket_quota_usages[1]: bucket edge/path=%2Fother matches no rate limit rule"},
+		{"unknown domain", "nope", []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{good}, codes.NotFound, "matches no rate limit rule of domain \"nope\""},
+		{"huge count", "edge", []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{good, usage(apiBucket, MaxReportCount+1, 0, time.Second)}, codes.InvalidArgument, "num_requests_allowed 1000000001 is more than 1000000000"},
+		{"negative elapsed", "edge", []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(apiBucket, 1, 0, -time.Second)}, codes.InvalidArgument, "time_elapsed"},
+		{"empty bucket id", "edge", []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(nil, 1, 0, time.Second)}, codes.InvalidArgument, "bucket_quota_usages[0].bucket_id is empty"},
+		{"duplicate bucket", "edge", []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{good, good}, codes.InvalidArgument, "appears twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := h.envoy(t, tc.name, nil)
+			e.report(t, tc.domain, tc.us...)
+			e.waitEnd(t)
+			st, ok := status.FromError(e.ended)
+			require.True(t, ok, "%v", e.ended)
+			assert.Equal(t, tc.code, st.Code(), st.Message())
+			assert.Contains(t, st.Message(), tc.msg)
+			assert.Equal(t, 0, e.count(), "no assignment")
+		})
+	}
+	h.srv.Tick(context.Background(), h.clock.Now())
+	got, err := limiter.CollectUsage(context.Background(), h.rc, h.srv.epochOf(h.clock.Now()), limiter.DefaultUsageShards)
+	require.NoError(t, err)
+	assert.Empty(t, got, "no usage from malformed reports")
+	h.srv.mu.Lock()
+	defer h.srv.mu.Unlock()
+	assert.False(t, h.srv.core.Known(BucketKey(rls.BucketKey("edge", apiBucket))), "no bucket from malformed reports")
+}
+
+// TestBucketKeyOrder: one bucket whatever order its entries come in, and
+// the configuration's nesting (tenant, then route) found from a map.
+func TestBucketKeyOrder(t *testing.T) {
+	h := startQuota(t)
+	id1 := map[string]string{}
+	id1["tenant"], id1["route"] = "t1", "r"
+	id2 := map[string]string{}
+	id2["route"], id2["tenant"] = "r", "t1"
+	a, b := h.envoy(t, "a", nil), h.envoy(t, "b", nil)
+	a.report(t, "edge", usage(id1, 100, 0, time.Second))
+	waitFor(t, "a's assignment", func() bool { return a.latest() != nil })
+	b.report(t, "edge", usage(id2, 100, 0, time.Second))
+	waitFor(t, "b's assignment", func() bool { return b.latest() != nil })
+	h.srv.mu.Lock()
+	n := len(h.srv.info)
+	h.srv.mu.Unlock()
+	assert.Equal(t, 1, n, "one bucket")
+	// 600/minute = 10/s, split between two Envoys of equal demand once
+	// a's first (whole) assignment ran out.
+	h.clock.Advance(h.qcfg.TTL + h.qcfg.InFlight)
+	a.report(t, "edge", usage(id1, 100, 0, time.Second))
+	b.report(t, "edge", usage(id2, 100, 0, time.Second))
+	h.srv.Tick(context.Background(), h.clock.Now())
+	waitFor(t, "an even split", func() bool {
+		return rateOf(a.latest()).RateMilli == 5000 && rateOf(b.latest()).RateMilli == 5000
+	})
+	bk := mustBucket(t, h.cfg, id2)
+	assert.Equal(t, []rls.Entry{{Key: "tenant", Value: "t1"}, {Key: "route", Value: "r"}}, bk.Entries)
+}
