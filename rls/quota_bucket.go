@@ -53,7 +53,7 @@ func (c *Config) LookupBucket(domain string, id map[string]string) (Bucket, bool
 	}
 	sort.Strings(keys)
 	used := make([]bool, len(keys))
-	var path []Entry  // entries in tree order
+	var path []Entry    // entries in tree order
 	var values []string // counted values (share_threshold patterns)
 	steps := 0
 	var rule *Rule

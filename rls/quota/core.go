@@ -18,7 +18,9 @@ type Amount struct {
 	BurstMilli int64
 }
 
-func (a Amount) fits(b Amount) bool { return a.RateMilli <= b.RateMilli && a.BurstMilli <= b.BurstMilli }
+func (a Amount) fits(b Amount) bool {
+	return a.RateMilli <= b.RateMilli && a.BurstMilli <= b.BurstMilli
+}
 
 func (a Amount) add(b Amount) Amount {
 	return Amount{satAdd(a.RateMilli, b.RateMilli), satAdd(a.BurstMilli, b.BurstMilli)}
