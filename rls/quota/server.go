@@ -52,6 +52,12 @@ type ServerConfig struct {
 	// RegionSetting): a bucket without a share record gets 1/Regions of
 	// its limit. Nil means 1.
 	Regions func() int
+	// Replicas is the number of RLQS servers of the region; each splits
+	// 1/Replicas of the region's share among the Envoys connected to it,
+	// so that the replicas together stay within the share wherever the
+	// Envoys connect (static division; unused capacity of one replica is
+	// not lent to another). Default 1.
+	Replicas int
 	// Quota configures the split; the zero value means DefaultConfig().
 	Quota Config
 	// UsageEpoch is the coordinator's epoch (--epoch). Default 10 s.
@@ -136,6 +142,9 @@ func NewServer(c ServerConfig) (*Server, error) {
 	}
 	if c.UsageFlush <= 0 {
 		c.UsageFlush = time.Second
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
 	}
 	if c.RedisTimeout <= 0 {
 		c.RedisTimeout = time.Second
@@ -381,17 +390,20 @@ func setLimit(inf *bucketInfo, r *rls.Rule) {
 	}
 }
 
-// shareOf is the bucket's share: its record when found, else the
-// default, 1/Regions of the limit.
+// shareOf is this replica's part of the bucket's share: the region's
+// share (its record when found, else the default, 1/Regions of the
+// limit) divided by Replicas, rounded down.
 func (s *Server) shareOf(inf *bucketInfo, rec ShareRecord) Amount {
-	if rec.Found && inf.policyID != "" {
-		return rec.Amount
+	region := rec.Amount
+	if !rec.Found || inf.policyID == "" {
+		n := int64(1)
+		if s.cfg.Regions != nil {
+			n = int64(max(1, s.cfg.Regions()))
+		}
+		region = Amount{RateMilli: inf.limit.RateMilli / n, BurstMilli: inf.limit.BurstMilli / n}
 	}
-	n := int64(1)
-	if s.cfg.Regions != nil {
-		n = int64(max(1, s.cfg.Regions()))
-	}
-	return Amount{RateMilli: inf.limit.RateMilli / n, BurstMilli: inf.limit.BurstMilli / n}
+	r := int64(s.cfg.Replicas)
+	return Amount{RateMilli: region.RateMilli / r, BurstMilli: region.BurstMilli / r}
 }
 
 func (s *Server) readShares(ctx context.Context, infos []*bucketInfo) []ShareRecord {

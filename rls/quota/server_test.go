@@ -468,3 +468,18 @@ func TestBucketKeyOrder(t *testing.T) {
 	bk := mustBucket(t, h.cfg, id2)
 	assert.Equal(t, []rls.Entry{{Key: "tenant", Value: "t1"}, {Key: "route", Value: "r"}}, bk.Entries)
 }
+
+// TestShareOfReplicasAndRegions: the default share is 1/Regions of the
+// limit, a share record replaces it, and each of Replicas servers takes
+// 1/Replicas of either.
+func TestShareOfReplicasAndRegions(t *testing.T) {
+	cfg, err := rls.Parse([]rls.File{{Name: "edge.yaml", Data: []byte(testConfig)}}, rls.ParseOptions{})
+	require.NoError(t, err)
+	srv, err := NewServer(ServerConfig{Config: func() *rls.Config { return cfg }, Shares: &RedisShares{}, Regions: func() int { return 3 }, Replicas: 2})
+	require.NoError(t, err)
+	inf := &bucketInfo{}
+	setLimit(inf, mustBucket(t, cfg, apiBucket).Rule)
+	assert.Equal(t, Amount{RateMilli: 100_000, BurstMilli: 100_000}, inf.limit)
+	assert.Equal(t, Amount{RateMilli: 16_666, BurstMilli: 16_666}, srv.shareOf(inf, ShareRecord{}))
+	assert.Equal(t, Amount{RateMilli: 30_000, BurstMilli: 5_000}, srv.shareOf(inf, ShareRecord{Found: true, Amount: Amount{60_000, 10_000}}))
+}
