@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/quotientlabs/quotient/internal/redistest"
@@ -285,7 +286,7 @@ func TestEnvoysMaxMinFairThenShareChange(t *testing.T) {
 		var s Amount
 		for i, e := range es {
 			// a's assignment (10/s, 10 requests of burst) is the same
-			// under either share, so it is not re-sent.
+			// under either share.
 			if i > 0 && e.count() == before[i] {
 				return false
 			}
@@ -293,8 +294,9 @@ func TestEnvoysMaxMinFairThenShareChange(t *testing.T) {
 		}
 		return s.RateMilli <= 50_000 && s.BurstMilli <= 50_000
 	})
-	assert.Equal(t, before[0], es[0].count(), "a's unchanged assignment is not re-sent")
-	assert.Same(t, aBefore, es[0].latest())
+	// a's assignment is the same under either share (a re-send of it
+	// would be an extension, which Envoy does not see as a change).
+	assert.True(t, proto.Equal(aBefore.GetQuotaAssignmentAction().GetRateLimitStrategy(), es[0].latest().GetQuotaAssignmentAction().GetRateLimitStrategy()))
 	// 50/s max-min fair over 10, 40, 200: 10, 20, 20.
 	for i, w := range []int64{10_000, 20_000, 20_000} {
 		r := rateOf(es[i].latest()).RateMilli
@@ -482,4 +484,42 @@ func TestShareOfReplicasAndRegions(t *testing.T) {
 	assert.Equal(t, Amount{RateMilli: 100_000, BurstMilli: 100_000}, inf.limit)
 	assert.Equal(t, Amount{RateMilli: 16_666, BurstMilli: 16_666}, srv.shareOf(inf, ShareRecord{}))
 	assert.Equal(t, Amount{RateMilli: 30_000, BurstMilli: 5_000}, srv.shareOf(inf, ShareRecord{Found: true, Amount: Amount{60_000, 10_000}}))
+}
+
+// TestStreamCutKeepsReservation: an Envoy whose stream is cut without a
+// goodbye keeps its assignment reserved until it runs out (Envoy keeps
+// enforcing it); only then does the other Envoy get the whole share.
+func TestStreamCutKeepsReservation(t *testing.T) {
+	h := startQuota(t)
+	a, b := h.envoy(t, "a", nil), h.envoy(t, "b", nil)
+	a.report(t, "edge", usage(apiBucket, 100, 0, time.Second))
+	waitFor(t, "a's assignment", func() bool { return a.latest() != nil })
+	b.report(t, "edge", usage(apiBucket, 100, 0, time.Second))
+	waitFor(t, "b's assignment", func() bool { return b.latest() != nil })
+	h.clock.Advance(h.qcfg.TTL + h.qcfg.InFlight) // a's whole-share grant runs out
+	h.srv.Tick(context.Background(), h.clock.Now())
+	waitFor(t, "an even split", func() bool {
+		return rateOf(a.latest()).RateMilli == 50_000 && rateOf(b.latest()).RateMilli == 50_000
+	})
+	a.cancel() // the stream is cut
+	a.waitEnd(t)
+	waitFor(t, "the server to see the cut", func() bool {
+		h.srv.mu.Lock()
+		defer h.srv.mu.Unlock()
+		return len(h.srv.streams) == 1
+	})
+	h.clock.Advance(time.Second)
+	b.report(t, "edge", usage(apiBucket, 100, 0, time.Second))
+	h.srv.Tick(context.Background(), h.clock.Now())
+	n := b.count()
+	h.srv.mu.Lock()
+	reserved := h.srv.core.Reserved(h.clock.Now(), BucketKey(rls.BucketKey("edge", apiBucket)))
+	h.srv.mu.Unlock()
+	assert.Equal(t, int64(100_000), reserved.RateMilli, "a's 50/s is still reserved")
+	assert.Equal(t, int64(50_000), rateOf(b.latest()).RateMilli, "b cannot have a's part yet")
+	// a's grant runs out TTL + InFlight after it was sent.
+	h.clock.Advance(h.qcfg.TTL + h.qcfg.InFlight)
+	b.report(t, "edge", usage(apiBucket, 100, 0, time.Second))
+	h.srv.Tick(context.Background(), h.clock.Now())
+	waitFor(t, "b to get the whole share", func() bool { return b.count() > n && rateOf(b.latest()).RateMilli == 100_000 })
 }
