@@ -78,15 +78,18 @@ type Config struct {
 	// IdleTimeout: a bucket of an Envoy that reported no request for this
 	// long gets an AbandonAction. Default 60 s.
 	IdleTimeout time.Duration
-	// MinElapsed is the shortest time_elapsed a demand rate is computed
-	// over (the report sent when Envoy creates a bucket covers almost no
-	// time). Default 100 ms.
+	// MinElapsed is the shortest span a demand rate is computed over.
+	// Envoy reports a bucket when it creates it and again whenever it
+	// receives a new assignment, so a report can cover a few milliseconds;
+	// reports are added up until they cover MinElapsed before an Envoy's
+	// demand is updated (its first report sets it at once, as if it
+	// covered MinElapsed). Default 500 ms.
 	MinElapsed time.Duration
 }
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
-	return Config{TTL: 5 * time.Second, InFlight: time.Second, ThresholdPermille: 100, IdleTimeout: time.Minute, MinElapsed: 100 * time.Millisecond}
+	return Config{TTL: 5 * time.Second, InFlight: time.Second, ThresholdPermille: 100, IdleTimeout: time.Minute, MinElapsed: 500 * time.Millisecond}
 }
 
 // ErrConfig is wrapped by the errors of Config.Validate.
@@ -141,7 +144,10 @@ type grant struct {
 type sub struct {
 	connected  bool
 	abandoned  bool
-	demand     int64 // milli requests per second, from the last report
+	demand     int64 // milli requests per second, over the last MinElapsed or more
+	hasDemand  bool
+	accN       uint64        // requests reported since demand was last set
+	accElapsed time.Duration // time those reports cover
 	lastActive time.Time
 	hasCur     bool // cur was sent and has not expired on the Envoy
 	cur        Amount
@@ -248,8 +254,13 @@ func (c *Core) Report(now time.Time, e EnvoyID, k BucketKey, u Usage) []Action {
 	if n > 0 {
 		s.lastActive = now
 	}
-	elapsed := max(u.Elapsed, c.cfg.MinElapsed)
-	s.demand = mulDiv(int64(min(n, math.MaxInt64/2)), 1_000_000, max(1, elapsed.Milliseconds()))
+	s.accN = min(s.accN+min(n, math.MaxInt64/4), math.MaxInt64/4)
+	s.accElapsed += u.Elapsed
+	if !s.hasDemand || s.accElapsed >= c.cfg.MinElapsed {
+		elapsed := max(s.accElapsed, c.cfg.MinElapsed)
+		s.demand = mulDiv(int64(s.accN), 1_000_000, max(1, elapsed.Milliseconds()))
+		s.hasDemand, s.accN, s.accElapsed = true, 0, 0
+	}
 	return c.decide(now, k, b, nil)
 }
 

@@ -231,3 +231,27 @@ func TestStrategyRoundsDown(t *testing.T) {
 	_, unlimited = AmountOf(Strategy(true, Amount{}))
 	assert.True(t, unlimited)
 }
+
+// The report Envoy sends when it receives an assignment covers only the
+// time since its last one; a few milliseconds without a request do not
+// make its demand zero (which would shrink its assignment and start a
+// loop of re-sends and reports).
+func TestShortReportsAccumulate(t *testing.T) {
+	c, err := NewCore(DefaultConfig())
+	require.NoError(t, err)
+	const k = BucketKey("b")
+	now := t0
+	c.SetShare(now, k, Amount{RateMilli: 100_000, BurstMilli: 100_000}, false)
+	c.Report(now, 1, k, Usage{Allowed: 50, Elapsed: time.Second})
+	c.Report(now, 2, k, Usage{Allowed: 10, Elapsed: time.Second})
+	now = now.Add(10 * time.Second) // every grant ran out
+	acts := c.Tick(now)
+	require.Len(t, acts, 2)
+	assert.Equal(t, int64(70_000), acts[0].Amount.RateMilli, "50 + half of the 40 left")
+	// Envoy 1's report on receipt: 10 ms, no request.
+	acts = c.Report(now, 1, k, Usage{Elapsed: 10 * time.Millisecond})
+	assert.Empty(t, acts, "demand unchanged until reports cover MinElapsed")
+	// Its next regular report completes the span: 45 requests over 1 s.
+	acts = c.Report(now.Add(time.Second), 1, k, Usage{Allowed: 45, Elapsed: 990 * time.Millisecond})
+	assert.Empty(t, acts, "45/s is within the threshold of 50/s")
+}
