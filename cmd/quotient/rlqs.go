@@ -21,6 +21,7 @@ type rlqsFlags struct {
 	idle         time.Duration
 	shareRefresh time.Duration
 	replicas     int
+	warmUp       bool
 }
 
 func (f *rlqsFlags) register(fs *flag.FlagSet) {
@@ -32,6 +33,7 @@ func (f *rlqsFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.idle, "rlqs-idle-timeout", d.IdleTimeout, "abandon an Envoy's bucket after it reported no request for this long")
 	fs.DurationVar(&f.shareRefresh, "rlqs-share-refresh", time.Second, "how often the share records of active buckets are read")
 	fs.IntVar(&f.replicas, "rlqs-replicas", 1, "RLQS replicas of the region; each splits 1/N of the region's share")
+	fs.BoolVar(&f.warmUp, "rlqs-warm-up", true, "grant nothing for --rlqs-ttl plus --rlqs-in-flight after start, so assignments of a crashed predecessor run out first")
 }
 
 func (f *rlqsFlags) validate() error {
@@ -72,6 +74,7 @@ func newQuotaServer(cfg *rlsConfig, stack *limiterStack, srv *rls.Server, log *s
 			return n
 		},
 		Replicas:     cfg.quota.replicas,
+		SkipWarmUp:   !cfg.quota.warmUp,
 		Quota:        cfg.quota.config(),
 		UsageEpoch:   cfg.epoch,
 		ShareRefresh: cfg.quota.shareRefresh,

@@ -19,7 +19,8 @@ import (
 
 // TestRLQSEndToEnd runs `quotient rls` with the flags an operator passes,
 // opens an RLQS stream as Envoy does, gets a token bucket within the
-// region's default share (a third of 30/s over three regions), and on
+// region's default share (a third of 30/s over three regions) once the
+// warm-up (TTL + in-flight, 2.2 s) has passed, and on
 // shutdown gets the assignment again with a TTL of 0 before the stream
 // ends.
 func TestRLQSEndToEnd(t *testing.T) {
@@ -31,8 +32,9 @@ descriptors:
     value: /search
     rate_limit: {unit: second, requests_per_unit: 30}
 `, time.Now())
+	launched := time.Now() // the warm-up starts after this
 	addr, stderr, stop := startServing(t, "rls", nil, "--redis", rs.Addr(), "--config-dir", filepath.Join(root, "ratelimit"),
-		"--region", "eu", "--regions", "eu,us,ap", "--rlqs-ttl", "4s", "--rlqs-in-flight", "500ms")
+		"--region", "eu", "--regions", "eu,us,ap", "--rlqs-ttl", "2s", "--rlqs-in-flight", "200ms")
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -46,10 +48,11 @@ descriptors:
 	}}}))
 	resp, err := st.Recv()
 	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(launched), 2200*time.Millisecond, "no assignment during the warm-up")
 	require.Len(t, resp.BucketAction, 1)
 	qa := resp.BucketAction[0].GetQuotaAssignmentAction()
 	require.NotNil(t, qa)
-	assert.Equal(t, 4*time.Second, qa.GetAssignmentTimeToLive().AsDuration())
+	assert.Equal(t, 2*time.Second, qa.GetAssignmentTimeToLive().AsDuration())
 	amt, _ := quota.AmountOf(qa.GetRateLimitStrategy())
 	assert.InDelta(t, 10_000, amt.RateMilli, 10, "a third of 30/s")
 	assert.Equal(t, int64(10_000), amt.BurstMilli)

@@ -196,10 +196,19 @@ type bucket struct {
 // safe for concurrent use: the driver serialises calls. The zero value
 // is not usable; use NewCore.
 type Core struct {
-	cfg     Config
-	buckets map[BucketKey]*bucket
-	closing bool
+	cfg       Config
+	buckets   map[BucketKey]*bucket
+	closing   bool
+	warmUntil time.Time
 }
+
+// WarmUp makes the core grant nothing before until; demand, shares and
+// subscriptions are recorded meanwhile, and the first decision at or
+// after until (a Tick) sends every assignment. A new process cannot know
+// what a previous one granted before it stopped (a crash sends no TTL 0),
+// so it waits until every such grant has run out: until = start + TTL +
+// InFlight of the previous process.
+func (c *Core) WarmUp(until time.Time) { c.warmUntil = until }
 
 // NewCore returns a Core with cfg, or the error of cfg.Validate.
 func NewCore(cfg Config) (*Core, error) {
@@ -395,7 +404,7 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 			delete(b.subs, e)
 		}
 	}
-	if c.closing {
+	if c.closing || now.Before(c.warmUntil) {
 		return out
 	}
 	var active []EnvoyID

@@ -62,6 +62,10 @@
 //     latest (and decreases monotonically meanwhile), the same delay as an
 //     Envoy that ignores the server. Shares are lowered by the coordinator
 //     every epoch (10 s by default); keep TTL + InFlight well under it.
+//   - A new process cannot know what a previous one granted (a crash
+//     sends no TTL 0): it grants nothing for TTL + InFlight after start
+//     (Core.WarmUp, ServerConfig.SkipWarmUp), relying on the previous
+//     process having used no longer TTL + InFlight.
 //   - Amounts are integer milli units; every division rounds down, and the
 //     wire encoding (Strategy) rounds the burst down to whole requests and
 //     the rate down (fill_interval rounded up to the nanosecond).

@@ -69,6 +69,13 @@ type ServerConfig struct {
 	UsageFlush time.Duration
 	// RedisTimeout bounds every share read and usage write. Default 1 s.
 	RedisTimeout time.Duration
+	// SkipWarmUp: grant at once after start. By default a new server
+	// grants nothing for TTL + InFlight after NewServer (Core.WarmUp), so
+	// that assignments a previous process made before it crashed have run
+	// out before the new one splits the share again; Envoys meanwhile keep
+	// enforcing those, then their no_assignment_behavior. Set it only when
+	// no Envoy can hold an assignment from an earlier process.
+	SkipWarmUp bool
 	// Clock; nil means real time.
 	Clock Clock
 	// Logger; nil means slog.Default().
@@ -157,6 +164,9 @@ func NewServer(c ServerConfig) (*Server, error) {
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	if !c.SkipWarmUp {
+		core.WarmUp(s.clock.Now().Add(c.Quota.TTL + c.Quota.InFlight))
 	}
 	return s, nil
 }

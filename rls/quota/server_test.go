@@ -65,7 +65,9 @@ type harness struct {
 	qcfg   Config
 }
 
-func startQuota(t *testing.T) *harness {
+func startQuota(t *testing.T) *harness { return startQuotaWarm(t, true) }
+
+func startQuotaWarm(t *testing.T, skipWarmUp bool) *harness {
 	t.Helper()
 	rc := redistest.StartServer(t).Client()
 	cfg, err := rls.Parse([]rls.File{{Name: "edge.yaml", Data: []byte(testConfig)}}, rls.ParseOptions{})
@@ -73,12 +75,13 @@ func startQuota(t *testing.T) *harness {
 	clock := &fakeClock{now: time.Now().Truncate(10 * time.Second)}
 	qcfg := DefaultConfig()
 	srv, err := NewServer(ServerConfig{
-		Config:  func() *rls.Config { return cfg },
-		Shares:  &RedisShares{Client: rc},
-		Usage:   limiter.NewRedisUsageSink(rc, limiter.DefaultUsageShards, 10*time.Second, 3),
-		Regions: func() int { return 1 },
-		Quota:   qcfg,
-		Clock:   clock,
+		Config:     func() *rls.Config { return cfg },
+		Shares:     &RedisShares{Client: rc},
+		Usage:      limiter.NewRedisUsageSink(rc, limiter.DefaultUsageShards, 10*time.Second, 3),
+		Regions:    func() int { return 1 },
+		Quota:      qcfg,
+		Clock:      clock,
+		SkipWarmUp: skipWarmUp,
 	})
 	require.NoError(t, err)
 	gs := grpc.NewServer()
@@ -522,4 +525,26 @@ func TestStreamCutKeepsReservation(t *testing.T) {
 	b.report(t, "edge", usage(apiBucket, 100, 0, time.Second))
 	h.srv.Tick(context.Background(), h.clock.Now())
 	waitFor(t, "b to get the whole share", func() bool { return b.count() > n && rateOf(b.latest()).RateMilli == 100_000 })
+}
+
+// TestWarmUpAfterRestart: a new server grants nothing for TTL + InFlight,
+// so the assignments a crashed predecessor made have run out first; then
+// one Tick sends them all.
+func TestWarmUpAfterRestart(t *testing.T) {
+	h := startQuotaWarm(t, false)
+	a := h.envoy(t, "a", nil)
+	a.report(t, "edge", usage(apiBucket, 5, 0, time.Second))
+	h.srv.Tick(context.Background(), h.clock.Advance(h.qcfg.TTL+h.qcfg.InFlight-time.Millisecond))
+	// Prove the report was handled (its usage is counted) before checking
+	// that nothing was sent.
+	waitFor(t, "the report to be handled", func() bool {
+		h.srv.mu.Lock()
+		defer h.srv.mu.Unlock()
+		return h.srv.core.Known(BucketKey(rls.BucketKey("edge", apiBucket)))
+	})
+	h.srv.Tick(context.Background(), h.clock.Now())
+	assert.Equal(t, 0, a.count(), "no assignment during the warm-up")
+	h.srv.Tick(context.Background(), h.clock.Advance(time.Millisecond))
+	waitFor(t, "the first assignment after the warm-up", func() bool { return a.latest() != nil })
+	assert.Equal(t, int64(100_000), rateOf(a.latest()).RateMilli)
 }
