@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/rls"
 	"github.com/quotientlabs/quotient/rls/quota"
@@ -64,7 +66,7 @@ func (f *rlqsFlags) config() quota.Config {
 
 // newQuotaServer builds the RLQS server of `quotient rls` on the same
 // configuration, Redis and region set as its RLS server.
-func newQuotaServer(cfg *rlsConfig, stack *limiterStack, srv *rls.Server, log *slog.Logger) (*quota.Server, error) {
+func newQuotaServer(cfg *rlsConfig, stack *limiterStack, srv *rls.Server, log *slog.Logger, reg prometheus.Registerer) (*quota.Server, error) {
 	return quota.NewServer(quota.ServerConfig{
 		Config: srv.Config,
 		Shares: &quota.RedisShares{Client: stack.client},
@@ -79,6 +81,7 @@ func newQuotaServer(cfg *rlsConfig, stack *limiterStack, srv *rls.Server, log *s
 		UsageEpoch:   cfg.epoch,
 		ShareRefresh: cfg.quota.shareRefresh,
 		UsageFlush:   cfg.usageFlush,
+		Metrics:      reg,
 		Logger:       log,
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -76,6 +77,8 @@ type ServerConfig struct {
 	// enforcing those, then their no_assignment_behavior. Set it only when
 	// no Envoy can hold an assignment from an earlier process.
 	SkipWarmUp bool
+	// Metrics registers the server's metrics (quotient_rlqs_*); nil: none.
+	Metrics prometheus.Registerer
 	// Clock; nil means real time.
 	Clock Clock
 	// Logger; nil means slog.Default().
@@ -119,6 +122,11 @@ type Server struct {
 	closed    bool
 	done      chan struct{}
 	lastShare time.Time
+
+	mStreams prometheus.Gauge
+	mReports *prometheus.CounterVec
+	mActions *prometheus.CounterVec
+	mMsgs    prometheus.Counter
 
 	usageMu   sync.Mutex
 	usage     map[usageKey]limiter.UsageCount
@@ -164,6 +172,17 @@ func NewServer(c ServerConfig) (*Server, error) {
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	s.mStreams = prometheus.NewGauge(prometheus.GaugeOpts{Name: "quotient_rlqs_streams", Help: "Open RLQS streams (one per Envoy connection)."})
+	s.mReports = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotient_rlqs_reports_total", Help: "RLQS usage report messages by result (ok, invalid, unknown_bucket)."}, []string{"result"})
+	s.mActions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotient_rlqs_bucket_actions_total", Help: "Bucket actions sent to Envoys by kind (assign, abandon)."}, []string{"kind"})
+	s.mMsgs = prometheus.NewCounter(prometheus.CounterOpts{Name: "quotient_rlqs_messages_sent_total", Help: "RLQS response messages sent to Envoys."})
+	if c.Metrics != nil {
+		for _, m := range []prometheus.Collector{s.mStreams, s.mReports, s.mActions, s.mMsgs} {
+			if err := c.Metrics.Register(m); err != nil {
+				return nil, fmt.Errorf("quota: metrics: %w", err)
+			}
+		}
 	}
 	if !c.SkipWarmUp {
 		core.WarmUp(s.clock.Now().Add(c.Quota.TTL + c.Quota.InFlight))
@@ -229,6 +248,11 @@ func (s *Server) response(acts []Action) *rlqsv3.RateLimitQuotaResponse {
 			continue
 		}
 		ba := &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: &rlqsv3.BucketId{Bucket: maps.Clone(inf.id)}}
+		kind := "assign"
+		if a.Abandon {
+			kind = "abandon"
+		}
+		s.mActions.WithLabelValues(kind).Inc()
 		if a.Abandon {
 			ba.BucketAction = &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}
 		} else {
@@ -258,6 +282,8 @@ func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRat
 	ob := newOutbox()
 	s.streams[id] = ob
 	s.mu.Unlock()
+	s.mStreams.Inc()
+	defer s.mStreams.Dec()
 	defer s.disconnect(id)
 
 	recvErr := make(chan error, 1)
@@ -267,6 +293,7 @@ func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRat
 		if len(acts) == 0 {
 			return nil
 		}
+		s.mMsgs.Inc()
 		return st.Send(s.response(acts))
 	}
 	for {
@@ -447,8 +474,14 @@ func (s *Server) readShares(ctx context.Context, infos []*bucketInfo) []ShareRec
 func (s *Server) handle(ctx context.Context, id EnvoyID, domain *string, msg *rlqsv3.RateLimitQuotaUsageReports) error {
 	items, err := s.parse(domain, msg)
 	if err != nil {
+		if status.Code(err) == codes.NotFound {
+			s.mReports.WithLabelValues("unknown_bucket").Inc()
+		} else {
+			s.mReports.WithLabelValues("invalid").Inc()
+		}
 		return err
 	}
+	s.mReports.WithLabelValues("ok").Inc()
 	// Usage first: it was spent whatever happens to the stream.
 	s.addUsage(s.clock.Now(), items)
 	var fresh []*bucketInfo

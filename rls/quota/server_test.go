@@ -11,6 +11,7 @@ import (
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -435,6 +436,10 @@ func TestMalformedReports(t *testing.T) {
 			assert.Equal(t, 0, e.count(), "no assignment")
 		})
 	}
+	assert.Equal(t, 5.0, metricValue(t, h.srv.mReports.WithLabelValues("invalid")))
+	assert.Equal(t, 2.0, metricValue(t, h.srv.mReports.WithLabelValues("unknown_bucket")))
+	assert.Equal(t, 0.0, metricValue(t, h.srv.mReports.WithLabelValues("ok")))
+	waitFor(t, "every stream counted closed", func() bool { return metricValue(t, h.srv.mStreams) == 0 })
 	h.srv.Tick(context.Background(), h.clock.Now())
 	got, err := limiter.CollectUsage(context.Background(), h.rc, h.srv.epochOf(h.clock.Now()), limiter.DefaultUsageShards)
 	require.NoError(t, err)
@@ -547,4 +552,15 @@ func TestWarmUpAfterRestart(t *testing.T) {
 	h.srv.Tick(context.Background(), h.clock.Advance(time.Millisecond))
 	waitFor(t, "the first assignment after the warm-up", func() bool { return a.latest() != nil })
 	assert.Equal(t, int64(100_000), rateOf(a.latest()).RateMilli)
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, c.Write(&m))
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
 }
