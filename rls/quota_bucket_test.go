@@ -66,3 +66,39 @@ func TestBucketKeyCanonical(t *testing.T) {
 	assert.NotEqual(t, BucketKey("edge", map[string]string{"a": "1/b=2"}), BucketKey("edge", map[string]string{"a": "1", "b": "2"}))
 	assert.NotEqual(t, BucketKey("e/a=1", map[string]string{"b": "2"}), BucketKey("e", map[string]string{"a": "1", "b": "2"}))
 }
+
+// FuzzLookupBucket: any bucket_id (from a stream: outside input) is
+// looked up without panicking, and the result is a function of the map's
+// contents only (a map rebuilt in the reverse order gives the same
+// bucket).
+func FuzzLookupBucket(f *testing.F) {
+	c, err := Parse([]File{{Name: "b.yaml", Data: []byte(bucketConfig)}}, ParseOptions{})
+	require.NoError(f, err)
+	f.Add("tenant", "t", "route", "/api/x", "", "")
+	f.Add("route", "/x", "method", "GET", "tenant", "t")
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2, k3, v3 string) {
+		kv := [][2]string{{k1, v1}, {k2, v2}, {k3, v3}}
+		fwd, rev := map[string]string{}, map[string]string{}
+		for _, e := range kv {
+			if e[0] != "" {
+				fwd[e[0]] = e[1]
+			}
+		}
+		for i := len(kv) - 1; i >= 0; i-- {
+			if e := kv[i]; e[0] != "" {
+				if _, ok := rev[e[0]]; !ok {
+					rev[e[0]] = fwd[e[0]]
+				}
+			}
+		}
+		b1, ok1 := c.LookupBucket("edge", fwd)
+		b2, ok2 := c.LookupBucket("edge", rev)
+		require.Equal(t, ok1, ok2)
+		require.Equal(t, BucketKey("edge", fwd), BucketKey("edge", rev))
+		if ok1 {
+			require.Equal(t, b1.Subject, b2.Subject)
+			require.Same(t, b1.Rule, b2.Rule)
+			require.Len(t, b1.Entries, len(fwd))
+		}
+	})
+}
