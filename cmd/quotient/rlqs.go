@@ -69,6 +69,14 @@ func (f *rlqsFlags) config() quota.Config {
 func newQuotaServer(cfg *rlsConfig, stack *limiterStack, srv *rls.Server, log *slog.Logger, reg prometheus.Registerer) (*quota.Server, error) {
 	return quota.NewServer(quota.ServerConfig{
 		Config: srv.Config,
+		Policy: func(id string) *limiter.Policy {
+			for _, p := range stack.limiter.Policies() { // the rls.Server's set
+				if p.ID == id {
+					return p
+				}
+			}
+			return nil
+		},
 		Shares: &quota.RedisShares{Client: stack.client},
 		Usage:  limiter.NewRedisUsageSink(stack.client, cfg.usageShards, cfg.epoch, 3),
 		Regions: func() int {

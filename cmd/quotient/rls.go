@@ -183,7 +183,7 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	// RLQS (rlqs.go): same configuration, Redis and region set.
 	var qs *quota.Server
 	if cfg.quota.enabled {
-		if qs, err = newQuotaServer(cfg, stack, srv, log, regionReg); err != nil {
+		if qs, err = newQuotaServer(cfg, stack, srv, log, stack.reg); err != nil {
 			return err
 		}
 		rlqsv3.RegisterRateLimitQuotaServiceServer(gs, qs)

@@ -12,7 +12,9 @@
 // same configuration files serve RLS and RLQS. A rule of
 // requests_per_unit per unit is a limit L of that rate with a burst B of
 // one window's requests; unlimited rules are ALLOW_ALL and
-// requests_per_unit 0 is DENY_ALL.
+// requests_per_unit 0 is DENY_ALL. A rule naming a Quotient policy takes
+// the policy's rate and burst (or limit per window); a shadow policy is
+// ALLOW_ALL.
 //
 // Shares: a region enforces its share of L: the coordinator's share record
 // of the rule's policy and the bucket's descriptor subject

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"sync"
 	"time"
 
@@ -44,6 +45,10 @@ type ServerConfig struct {
 	// Config returns the RLS configuration in force (rls.Server.Config):
 	// buckets map onto its rules. Required.
 	Config func() *rls.Config
+	// Policy returns the Quotient policy of an id, for rules that name
+	// one (rate_limit.policy; the rls.Server's policy set, which is its
+	// limiter's). Nil: such rules' buckets are DENY_ALL.
+	Policy func(id string) *limiter.Policy
 	// Shares reads the region's share records. Required.
 	Shares ShareSource
 	// Usage receives every report's usage, as gateways' flushes
@@ -407,24 +412,53 @@ func (s *Server) parse(domain *string, msg *rlqsv3.RateLimitQuotaUsageReports) (
 			return nil, status.Errorf(codes.NotFound, "quota: %s: bucket %s matches no rate limit rule of domain %q", f, key, *domain)
 		}
 		inf := &bucketInfo{domain: *domain, id: maps.Clone(id), subject: b.Subject}
-		setLimit(inf, b.Rule)
+		s.setLimit(inf, b.Rule)
 		items = append(items, item{key: key, info: inf, usage: Usage{
 			Allowed: u.GetNumRequestsAllowed(), Denied: u.GetNumRequestsDenied(), Elapsed: u.GetTimeElapsed().AsDuration()}})
 	}
 	return items, nil
 }
 
-// setLimit sets a bucket's limit from its rule: requests_per_unit per
-// unit as a token bucket of that rate whose burst is one window's
-// requests (what the window admits at once); unlimited rules are
-// ALLOW_ALL, requests_per_unit 0 is DENY_ALL.
-func setLimit(inf *bucketInfo, r *rls.Rule) {
+// setLimit sets a bucket's limit from its rule. An envoyproxy rule of
+// requests_per_unit per unit is a token bucket of that rate whose burst
+// is one window's requests (what the window admits at once); unlimited
+// rules are ALLOW_ALL, requests_per_unit 0 is DENY_ALL. A rule naming a
+// Quotient policy (rate_limit.policy) takes the policy's rate and burst
+// (buckets) or limit per window (windows); a shadow policy is ALLOW_ALL
+// (its usage still counts), and a policy missing from the set is DENY_ALL
+// until it arrives (rls.Server refuses such a set, so only a race can
+// see it). Per-subject overrides of the policy are not applied.
+func (s *Server) setLimit(inf *bucketInfo, r *rls.Rule) {
 	inf.unlimited = r.Unlimited
 	inf.policyID, inf.limit = "", Amount{}
-	if p := r.Policy(); p != nil {
-		inf.policyID = p.ID
-		inf.limit = Amount{RateMilli: int64(r.RequestsPerUnit) * 1000 / r.Unit.Seconds(), BurstMilli: int64(r.RequestsPerUnit) * 1000}
+	p := r.Policy()
+	if r.PolicyID != "" {
+		p = nil
+		if s.cfg.Policy != nil {
+			p = s.cfg.Policy(r.PolicyID)
+		}
+		if p == nil {
+			return
+		}
 	}
+	if p == nil {
+		return
+	}
+	inf.unlimited = inf.unlimited || p.Mode == limiter.Shadow
+	inf.policyID = p.ID
+	switch {
+	case p.Algorithm == limiter.TokenBucket || p.Algorithm == limiter.LeakyBucket:
+		inf.limit = Amount{RateMilli: int64(math.Round(p.RatePerSec * 1000)), BurstMilli: int64(math.Round(p.Burst * 1000))}
+	case p.NominalWindowSec() > 0:
+		inf.limit = Amount{RateMilli: mulDiv(p.Limit, 1000, p.NominalWindowSec()), BurstMilli: satMul1000(p.Limit)}
+	}
+}
+
+func satMul1000(v int64) int64 {
+	if v > math.MaxInt64/1000 {
+		return math.MaxInt64
+	}
+	return v * 1000
 }
 
 // shareOf is this replica's part of the bucket's share: the region's
@@ -645,7 +679,7 @@ func (s *Server) refresh(ctx context.Context, now time.Time) {
 	for k, inf := range s.info {
 		// The configuration may have changed the rule's limit.
 		if b, ok := cfg.LookupBucket(inf.domain, inf.id); ok && b.Subject == inf.subject {
-			setLimit(inf, b.Rule)
+			s.setLimit(inf, b.Rule)
 		}
 		keys = append(keys, k)
 		c := *inf

@@ -331,14 +331,10 @@ func mustBucket(t *testing.T, cfg *rls.Config, id map[string]string) rls.Bucket 
 	return b
 }
 
-// TestUsageReachesTheRegionsUsage: what the Envoys report is added to the
-// region's usage in the gateways' layout (limiter.RedisUsageSink: hash
-// qu:{epoch:shard}, fields d:<policy>:<subject key> and a:...), under the
-// rule's policy and the descriptor's subject, summed over Envoys.
-//
-// It reads the hashes rather than limiter.CollectUsage: CollectUsage (and
-// so the coordinator) rejects the descriptor subject kind ("d:") as an
-// unparsable field today, for RLS and RLQS usage alike (see the README).
+// TestUsageReachesTheRegionsUsage: what the Envoys report is in the
+// region's usage as the coordinator reads it (limiter.CollectUsage over
+// the gateways' layout), under the rule's policy and the descriptor's
+// subject, summed over Envoys.
 func TestUsageReachesTheRegionsUsage(t *testing.T) {
 	h := startQuota(t)
 	a, b := h.envoy(t, "a", nil), h.envoy(t, "b", nil)
@@ -347,17 +343,11 @@ func TestUsageReachesTheRegionsUsage(t *testing.T) {
 	waitFor(t, "assignments", func() bool { return a.latest() != nil && b.latest() != nil })
 	h.srv.Tick(context.Background(), h.clock.Now())
 	epoch := h.srv.epochOf(h.clock.Now())
+	got, err := limiter.CollectUsage(context.Background(), h.rc, epoch, limiter.DefaultUsageShards)
+	require.NoError(t, err)
 	bk := mustBucket(t, h.cfg, apiBucket)
-	suffix := ":" + bk.Rule.Policy().ID + ":" + bk.Subject.Key()
-	fields := map[string]string{}
-	for shard := range limiter.DefaultUsageShards {
-		m, err := h.rc.HGetAll(context.Background(), limiter.UsageKey(epoch, shard)).Result()
-		require.NoError(t, err)
-		for f, v := range m {
-			fields[f] = v
-		}
-	}
-	assert.Equal(t, map[string]string{"d" + suffix: "47", "a" + suffix: "42"}, fields)
+	require.Len(t, got, 1)
+	assert.Equal(t, limiter.UsageCount{Epoch: epoch, PolicyID: bk.Rule.Policy().ID, Subject: bk.Subject, Demand: 47, Admitted: 42}, got[0])
 }
 
 // TestIdleBucketAbandoned: a bucket that reports no request for
@@ -488,7 +478,7 @@ func TestShareOfReplicasAndRegions(t *testing.T) {
 	srv, err := NewServer(ServerConfig{Config: func() *rls.Config { return cfg }, Shares: &RedisShares{}, Regions: func() int { return 3 }, Replicas: 2})
 	require.NoError(t, err)
 	inf := &bucketInfo{}
-	setLimit(inf, mustBucket(t, cfg, apiBucket).Rule)
+	srv.setLimit(inf, mustBucket(t, cfg, apiBucket).Rule)
 	assert.Equal(t, Amount{RateMilli: 100_000, BurstMilli: 100_000}, inf.limit)
 	assert.Equal(t, Amount{RateMilli: 16_666, BurstMilli: 16_666}, srv.shareOf(inf, ShareRecord{}))
 	assert.Equal(t, Amount{RateMilli: 30_000, BurstMilli: 5_000}, srv.shareOf(inf, ShareRecord{Found: true, Amount: Amount{60_000, 10_000}}))
@@ -563,4 +553,60 @@ func metricValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
+}
+
+// A rule naming a Quotient policy takes the policy's limit: a global token
+// bucket's rate and burst (of which the region's default share is 1/n),
+// a window's limit per window; a shadow policy is ALLOW_ALL; a policy not
+// in the set is DENY_ALL.
+func TestPolicyRuleLimit(t *testing.T) {
+	cfg, err := rls.Parse([]rls.File{{Name: "p.yaml", Data: []byte(`
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {policy: tenant-global}
+  - key: user
+    rate_limit: {policy: user-daily}
+  - key: shadow
+    rate_limit: {policy: shadowed}
+  - key: gone
+    rate_limit: {policy: missing}
+`)}}, rls.ParseOptions{})
+	require.NoError(t, err)
+	pols, err := limiter.ParsePolicies([]byte(`[
+	  {"id": "tenant-global", "subject": "api_key", "algorithm": "token_bucket", "rate_per_sec": 30, "burst": 60, "scope": "global"},
+	  {"id": "user-daily", "subject": "api_key", "algorithm": "fixed_window", "limit": 8640, "window_s": 86400},
+	  {"id": "shadowed", "subject": "api_key", "algorithm": "token_bucket", "rate_per_sec": 5, "mode": "shadow"}
+	]`))
+	require.NoError(t, err)
+	byID := map[string]*limiter.Policy{}
+	for _, p := range pols {
+		byID[p.ID] = p
+	}
+	srv, err := NewServer(ServerConfig{Config: func() *rls.Config { return cfg }, Shares: &RedisShares{}, Regions: func() int { return 3 },
+		Policy: func(id string) *limiter.Policy { return byID[id] }})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		key       string
+		policy    string
+		limit     Amount
+		unlimited bool
+	}{
+		{"tenant", "tenant-global", Amount{30_000, 60_000}, false},
+		{"user", "user-daily", Amount{100, 8_640_000}, false},
+		{"shadow", "shadowed", Amount{5_000, 5_000}, true},
+		{"gone", "", Amount{}, false},
+	} {
+		b, ok := cfg.LookupBucket("edge", map[string]string{tc.key: "x"})
+		require.True(t, ok, tc.key)
+		inf := &bucketInfo{}
+		srv.setLimit(inf, b.Rule)
+		assert.Equal(t, tc.policy, inf.policyID, tc.key)
+		assert.Equal(t, tc.limit, inf.limit, tc.key)
+		assert.Equal(t, tc.unlimited, inf.unlimited, tc.key)
+	}
+	inf := &bucketInfo{}
+	b, _ := cfg.LookupBucket("edge", map[string]string{"tenant": "x"})
+	srv.setLimit(inf, b.Rule)
+	assert.Equal(t, Amount{10_000, 20_000}, srv.shareOf(inf, ShareRecord{}), "the default share: a third")
 }
