@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/quotientlabs/quotient/rls"
+	"github.com/quotientlabs/quotient/rls/quota"
 )
 
 const rlsUsage = `usage: quotient rls --redis ADDR[,ADDR...] --config-dir DIR [flags]
@@ -55,6 +57,7 @@ type rlsConfig struct {
 	listen, metricsListen, configDir, configSubdir string
 	reload, shutdown, maxDelay                     time.Duration
 	mergeDomains, headers                          bool
+	quota                                          rlqsFlags // rlqs.go
 }
 
 func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
@@ -76,6 +79,7 @@ func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
 	fs.BoolVar(&c.headers, "response-headers", false, "add RateLimit-Policy and RateLimit (draft-10) to every response, Retry-After when over limit (LIMIT_RESPONSE_HEADERS_ENABLED)")
 	fs.DurationVar(&c.reload, "reload-interval", 5*time.Second, "how often the configuration directory and the --policies file are checked for changes")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 10*time.Second, "how long in-flight calls get on shutdown")
+	c.quota.register(fs) // RLQS flags (rlqs.go)
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return nil, err
 	}
@@ -93,6 +97,9 @@ func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
 		return nil, err
 	}
 	if err := c.policyFlags.validate(false); err != nil {
+		return nil, err
+	}
+	if err := c.quota.validate(); err != nil { // RLQS (rlqs.go)
 		return nil, err
 	}
 	return c, nil
@@ -173,6 +180,18 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
+	// RLQS (rlqs.go): same configuration, Redis and region set.
+	var qs *quota.Server
+	if cfg.quota.enabled {
+		if qs, err = newQuotaServer(cfg, stack, srv, log, stack.reg); err != nil {
+			return err
+		}
+		rlqsv3.RegisterRateLimitQuotaServiceServer(gs, qs)
+		hs.SetServingStatus(rlqsv3.RateLimitQuotaService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+		qctx, stopQuota := context.WithCancel(ctx)
+		defer stopQuota()
+		go qs.Run(qctx)
+	}
 
 	var metricsLn net.Listener
 	var metricsSrv *http.Server
@@ -223,6 +242,11 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	}
 	// Tell health checkers first, then drain in-flight calls.
 	hs.Shutdown()
+	if qs != nil { // RLQS: TTL 0 to every Envoy, end the streams
+		shutCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdown)
+		_ = qs.Shutdown(shutCtx)
+		cancel()
+	}
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
 	select {

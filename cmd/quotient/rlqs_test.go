@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/quotientlabs/quotient/internal/redistest"
+	"github.com/quotientlabs/quotient/rls/quota"
+)
+
+// TestRLQSEndToEnd runs `quotient rls` with the flags an operator passes,
+// opens an RLQS stream as Envoy does, gets a token bucket within the
+// region's default share (a third of 30/s over three regions) once the
+// warm-up (TTL + in-flight, 2.2 s) has passed, and on
+// shutdown gets the assignment again with a TTL of 0 before the stream
+// ends.
+func TestRLQSEndToEnd(t *testing.T) {
+	rs := redistest.StartServer(t)
+	root := t.TempDir()
+	rlsFile(t, filepath.Join(root, "ratelimit", "config", "limits.yaml"), `domain: api
+descriptors:
+  - key: route
+    value: /search
+    rate_limit: {unit: second, requests_per_unit: 30}
+`, time.Now())
+	launched := time.Now() // the warm-up starts after this
+	addr, stderr, stop := startServing(t, "rls", nil, "--redis", rs.Addr(), "--config-dir", filepath.Join(root, "ratelimit"),
+		"--region", "eu", "--regions", "eu,us,ap", "--rlqs-ttl", "2s", "--rlqs-in-flight", "200ms")
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "api", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+		BucketId:    &rlqsv3.BucketId{Bucket: map[string]string{"route": "/search"}},
+		TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: 5,
+	}}}))
+	resp, err := st.Recv()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(launched), 2200*time.Millisecond, "no assignment during the warm-up")
+	require.Len(t, resp.BucketAction, 1)
+	qa := resp.BucketAction[0].GetQuotaAssignmentAction()
+	require.NotNil(t, qa)
+	assert.Equal(t, 2*time.Second, qa.GetAssignmentTimeToLive().AsDuration())
+	amt, _ := quota.AmountOf(qa.GetRateLimitStrategy())
+	assert.InDelta(t, 10_000, amt.RateMilli, 10, "a third of 30/s")
+	assert.Equal(t, int64(10_000), amt.BurstMilli)
+
+	// Stop as SIGTERM does (the run context ends), keeping the client.
+	done := make(chan struct{})
+	go func() { stop(); close(done) }()
+	defer func() {
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Errorf("quotient rls did not exit after its RLQS streams ended: %s", stderr.String())
+		}
+	}()
+	resp, err = st.Recv()
+	require.NoError(t, err)
+	require.Len(t, resp.BucketAction, 1)
+	ttl := resp.BucketAction[0].GetQuotaAssignmentAction().GetAssignmentTimeToLive()
+	require.NotNil(t, ttl)
+	assert.Equal(t, time.Duration(0), ttl.AsDuration())
+}

@@ -1,0 +1,744 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math"
+	"sync"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rls"
+)
+
+// Bounds on reports, so that a malformed or hostile client gets a clear
+// error instead of skewing demand or exhausting memory.
+const (
+	// MaxBucketsPerReport bounds the bucket_quota_usages of one message.
+	MaxBucketsPerReport = 1000
+	// MaxReportCount bounds num_requests_allowed and num_requests_denied
+	// of one bucket in one message.
+	MaxReportCount = 1_000_000_000
+	// MaxElapsed bounds time_elapsed.
+	MaxElapsed = time.Hour
+)
+
+// Clock is the time source of the server; nil means real time.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	// Config returns the RLS configuration in force (rls.Server.Config):
+	// buckets map onto its rules. Required.
+	Config func() *rls.Config
+	// Policy returns the Quotient policy of an id, for rules that name
+	// one (rate_limit.policy; the rls.Server's policy set, which is its
+	// limiter's). Nil: such rules' buckets are DENY_ALL.
+	Policy func(id string) *limiter.Policy
+	// Shares reads the region's share records. Required.
+	Shares ShareSource
+	// Usage receives every report's usage, as gateways' flushes
+	// (limiter.RedisUsageSink on the region's Redis). Nil: none written.
+	Usage limiter.UsageSink
+	// Regions is the number of regions sharing every limit (the limiter's
+	// RegionSetting): a bucket without a share record gets 1/Regions of
+	// its limit. Nil means 1.
+	Regions func() int
+	// Replicas is the number of RLQS servers of the region; each splits
+	// 1/Replicas of the region's share among the Envoys connected to it,
+	// so that the replicas together stay within the share wherever the
+	// Envoys connect (static division; unused capacity of one replica is
+	// not lent to another). Default 1.
+	Replicas int
+	// Quota configures the split; the zero value means DefaultConfig().
+	Quota Config
+	// UsageEpoch is the coordinator's epoch (--epoch). Default 10 s.
+	UsageEpoch time.Duration
+	// ShareRefresh is how often the share records of active buckets are
+	// read again. Default 1 s.
+	ShareRefresh time.Duration
+	// UsageFlush is how often usage is written to Usage. Default 1 s.
+	UsageFlush time.Duration
+	// RedisTimeout bounds every share read and usage write. Default 1 s.
+	RedisTimeout time.Duration
+	// SkipWarmUp: grant at once after start. By default a new server
+	// grants nothing for TTL + InFlight after NewServer (Core.WarmUp), so
+	// that assignments a previous process made before it crashed have run
+	// out before the new one splits the share again; Envoys meanwhile keep
+	// enforcing those, then their no_assignment_behavior. Set it only when
+	// no Envoy can hold an assignment from an earlier process.
+	SkipWarmUp bool
+	// Metrics registers the server's metrics (quotient_rlqs_*); nil: none.
+	Metrics prometheus.Registerer
+	// Clock; nil means real time.
+	Clock Clock
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+type bucketInfo struct {
+	domain    string
+	id        map[string]string
+	policyID  string // "" for unlimited and zero rules (no usage, no share record)
+	subject   limiter.Subject
+	limit     Amount
+	unlimited bool
+	share     Amount
+	hasShare  bool
+}
+
+type usageKey struct {
+	epoch   int64
+	policy  string
+	subject limiter.Subject
+}
+
+// Server implements envoy.service.rate_limit_quota.v3.RateLimitQuotaService
+// on a Core: it maps buckets onto the RLS configuration, reads shares,
+// writes usage and sends each stream its assignments. Safe for
+// concurrent use. Run (or Tick, driven by the caller) must run for
+// assignments to be extended, shares refreshed and usage written.
+type Server struct {
+	rlqsv3.UnimplementedRateLimitQuotaServiceServer
+
+	cfg   ServerConfig
+	clock Clock
+	log   *slog.Logger
+
+	mu        sync.Mutex
+	core      *Core
+	info      map[BucketKey]*bucketInfo
+	streams   map[EnvoyID]*outbox
+	nextID    EnvoyID
+	closed    bool
+	done      chan struct{}
+	lastShare time.Time
+
+	mStreams prometheus.Gauge
+	mReports *prometheus.CounterVec
+	mActions *prometheus.CounterVec
+	mMsgs    prometheus.Counter
+
+	usageMu   sync.Mutex
+	usage     map[usageKey]limiter.UsageCount
+	lastFlush time.Time
+}
+
+// NewServer returns a Server, or an error naming the missing or invalid
+// field.
+func NewServer(c ServerConfig) (*Server, error) {
+	if c.Config == nil {
+		return nil, errors.New("quota: ServerConfig.Config is required")
+	}
+	if c.Shares == nil {
+		return nil, errors.New("quota: ServerConfig.Shares is required")
+	}
+	if c.Quota == (Config{}) {
+		c.Quota = DefaultConfig()
+	}
+	core, err := NewCore(c.Quota)
+	if err != nil {
+		return nil, err
+	}
+	if c.UsageEpoch <= 0 {
+		c.UsageEpoch = 10 * time.Second
+	}
+	if c.ShareRefresh <= 0 {
+		c.ShareRefresh = time.Second
+	}
+	if c.UsageFlush <= 0 {
+		c.UsageFlush = time.Second
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.RedisTimeout <= 0 {
+		c.RedisTimeout = time.Second
+	}
+	s := &Server{cfg: c, clock: c.Clock, log: c.Logger, core: core,
+		info: map[BucketKey]*bucketInfo{}, streams: map[EnvoyID]*outbox{},
+		done: make(chan struct{}), usage: map[usageKey]limiter.UsageCount{}}
+	if s.clock == nil {
+		s.clock = realClock{}
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.mStreams = prometheus.NewGauge(prometheus.GaugeOpts{Name: "quotient_rlqs_streams", Help: "Open RLQS streams (one per Envoy connection)."})
+	s.mReports = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotient_rlqs_reports_total", Help: "RLQS usage report messages by result (ok, invalid, unknown_bucket)."}, []string{"result"})
+	s.mActions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotient_rlqs_bucket_actions_total", Help: "Bucket actions sent to Envoys by kind (assign, abandon)."}, []string{"kind"})
+	s.mMsgs = prometheus.NewCounter(prometheus.CounterOpts{Name: "quotient_rlqs_messages_sent_total", Help: "RLQS response messages sent to Envoys."})
+	if c.Metrics != nil {
+		for _, m := range []prometheus.Collector{s.mStreams, s.mReports, s.mActions, s.mMsgs} {
+			if err := c.Metrics.Register(m); err != nil {
+				return nil, fmt.Errorf("quota: metrics: %w", err)
+			}
+		}
+	}
+	if !c.SkipWarmUp {
+		core.WarmUp(s.clock.Now().Add(c.Quota.TTL + c.Quota.InFlight))
+	}
+	return s, nil
+}
+
+// outbox holds the actions not yet sent on one stream, the latest per
+// bucket (a newer action replaces an older unsent one; the older one's
+// reservation is kept by the core, which errs on the safe side).
+type outbox struct {
+	mu      sync.Mutex
+	pending map[BucketKey]Action
+	order   []BucketKey
+	wake    chan struct{}
+}
+
+func newOutbox() *outbox {
+	return &outbox{pending: map[BucketKey]Action{}, wake: make(chan struct{}, 1)}
+}
+
+func (o *outbox) put(a Action) {
+	o.mu.Lock()
+	if _, ok := o.pending[a.Bucket]; !ok {
+		o.order = append(o.order, a.Bucket)
+	}
+	o.pending[a.Bucket] = a
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (o *outbox) take() []Action {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]Action, 0, len(o.order))
+	for _, k := range o.order {
+		out = append(out, o.pending[k])
+	}
+	clear(o.pending)
+	o.order = o.order[:0]
+	return out
+}
+
+// dispatch queues actions on their streams; s.mu is held.
+func (s *Server) dispatch(acts []Action) {
+	for _, a := range acts {
+		if ob := s.streams[a.Envoy]; ob != nil {
+			ob.put(a)
+		}
+	}
+}
+
+func (s *Server) response(acts []Action) *rlqsv3.RateLimitQuotaResponse {
+	resp := &rlqsv3.RateLimitQuotaResponse{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range acts {
+		inf := s.info[a.Bucket]
+		if inf == nil {
+			continue
+		}
+		ba := &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: &rlqsv3.BucketId{Bucket: maps.Clone(inf.id)}}
+		kind := "assign"
+		if a.Abandon {
+			kind = "abandon"
+		}
+		s.mActions.WithLabelValues(kind).Inc()
+		if a.Abandon {
+			ba.BucketAction = &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}
+		} else {
+			ba.BucketAction = &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: durationpb.New(a.TTL),
+				RateLimitStrategy:    Strategy(a.Unlimited, a.Amount),
+			}}
+		}
+		resp.BucketAction = append(resp.BucketAction, ba)
+	}
+	return resp
+}
+
+// StreamRateLimitQuotas implements RateLimitQuotaServiceServer. The
+// stream ends with InvalidArgument naming the field for a malformed
+// report, NotFound for a bucket no rule matches (the message that carried
+// either changes nothing), and OK after Shutdown, once the TTL-0
+// assignments are sent.
+func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return status.Error(codes.Unavailable, "quota: the server is shutting down")
+	}
+	s.nextID++
+	id := s.nextID
+	ob := newOutbox()
+	s.streams[id] = ob
+	s.mu.Unlock()
+	s.mStreams.Inc()
+	defer s.mStreams.Dec()
+	defer s.disconnect(id)
+
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- s.recvLoop(st.Context(), id, st) }()
+	send := func() error {
+		acts := ob.take()
+		if len(acts) == 0 {
+			return nil
+		}
+		s.mMsgs.Inc()
+		return st.Send(s.response(acts))
+	}
+	for {
+		select {
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-ob.wake:
+			if err := send(); err != nil {
+				return err
+			}
+		case <-s.done:
+			return send()
+		}
+	}
+}
+
+func (s *Server) disconnect(id EnvoyID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.streams, id)
+	s.dispatch(s.core.Disconnect(s.clock.Now(), id))
+}
+
+func (s *Server) recvLoop(ctx context.Context, id EnvoyID, st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	var domain string
+	for {
+		msg, err := st.Recv()
+		if err != nil {
+			return err
+		}
+		if err := s.handle(ctx, id, &domain, msg); err != nil {
+			return err
+		}
+	}
+}
+
+type item struct {
+	key   BucketKey
+	info  *bucketInfo
+	usage Usage
+}
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, "quota: "+format, args...)
+}
+
+// parse validates a whole message and maps its buckets; nothing is
+// applied unless every bucket is valid.
+func (s *Server) parse(domain *string, msg *rlqsv3.RateLimitQuotaUsageReports) ([]item, error) {
+	switch d := msg.GetDomain(); {
+	case *domain == "" && d == "":
+		return nil, invalid("domain is empty: the first report of a stream names its domain")
+	case len(d) > rls.MaxDomainBytes:
+		return nil, invalid("domain is %d bytes, more than %d", len(d), rls.MaxDomainBytes)
+	case *domain == "":
+		*domain = d
+	case d != "" && d != *domain:
+		return nil, invalid("domain %q differs from the stream's %q (open a new stream to change it)", d, *domain)
+	}
+	us := msg.GetBucketQuotaUsages()
+	if len(us) > MaxBucketsPerReport {
+		return nil, invalid("%d bucket_quota_usages, more than %d", len(us), MaxBucketsPerReport)
+	}
+	cfg := s.cfg.Config()
+	items := make([]item, 0, len(us))
+	seen := map[BucketKey]bool{}
+	for i, u := range us {
+		f := fmt.Sprintf("bucket_quota_usages[%d]", i)
+		id := u.GetBucketId().GetBucket()
+		switch {
+		case u == nil:
+			return nil, invalid("%s is null", f)
+		case len(id) == 0:
+			return nil, invalid("%s.bucket_id is empty", f)
+		case len(id) > rls.MaxEntries:
+			return nil, invalid("%s.bucket_id has %d entries, more than %d", f, len(id), rls.MaxEntries)
+		case u.GetTimeElapsed() == nil:
+			return nil, invalid("%s.time_elapsed is missing", f)
+		case u.GetTimeElapsed().CheckValid() != nil || u.GetTimeElapsed().AsDuration() < 0:
+			return nil, invalid("%s.time_elapsed %v is negative or invalid", f, u.GetTimeElapsed())
+		case u.GetTimeElapsed().AsDuration() > MaxElapsed:
+			return nil, invalid("%s.time_elapsed %v is more than %v", f, u.GetTimeElapsed().AsDuration(), MaxElapsed)
+		case u.GetNumRequestsAllowed() > MaxReportCount:
+			return nil, invalid("%s.num_requests_allowed %d is more than %d", f, u.GetNumRequestsAllowed(), MaxReportCount)
+		case u.GetNumRequestsDenied() > MaxReportCount:
+			return nil, invalid("%s.num_requests_denied %d is more than %d", f, u.GetNumRequestsDenied(), MaxReportCount)
+		}
+		size := 0
+		for k, v := range id {
+			size += len(k) + len(v)
+			switch {
+			case k == "":
+				return nil, invalid("%s.bucket_id has an empty key", f)
+			case len(k) > rls.MaxEntryBytes || len(v) > rls.MaxEntryBytes:
+				return nil, invalid("%s.bucket_id[%.40q]: a key or value is more than %d bytes", f, k, rls.MaxEntryBytes)
+			}
+		}
+		if size > rls.MaxDescriptorBytes {
+			return nil, invalid("%s.bucket_id: keys and values are %d bytes together, more than %d", f, size, rls.MaxDescriptorBytes)
+		}
+		key := BucketKey(rls.BucketKey(*domain, id))
+		if seen[key] {
+			return nil, invalid("%s: bucket %s appears twice in one report", f, key)
+		}
+		seen[key] = true
+		b, ok := cfg.LookupBucket(*domain, id)
+		if !ok {
+			return nil, status.Errorf(codes.NotFound, "quota: %s: bucket %s matches no rate limit rule of domain %q", f, key, *domain)
+		}
+		inf := &bucketInfo{domain: *domain, id: maps.Clone(id), subject: b.Subject}
+		s.setLimit(inf, b.Rule)
+		items = append(items, item{key: key, info: inf, usage: Usage{
+			Allowed: u.GetNumRequestsAllowed(), Denied: u.GetNumRequestsDenied(), Elapsed: u.GetTimeElapsed().AsDuration()}})
+	}
+	return items, nil
+}
+
+// setLimit sets a bucket's limit from its rule. An envoyproxy rule of
+// requests_per_unit per unit is a token bucket of that rate whose burst
+// is one window's requests (what the window admits at once); unlimited
+// rules are ALLOW_ALL, requests_per_unit 0 is DENY_ALL. A rule naming a
+// Quotient policy (rate_limit.policy) takes the policy's rate and burst
+// (buckets) or limit per window (windows); a shadow policy is ALLOW_ALL
+// (its usage still counts), and a policy missing from the set is DENY_ALL
+// until it arrives (rls.Server refuses such a set, so only a race can
+// see it). Per-subject overrides of the policy are not applied.
+func (s *Server) setLimit(inf *bucketInfo, r *rls.Rule) {
+	inf.unlimited = r.Unlimited
+	inf.policyID, inf.limit = "", Amount{}
+	p := r.Policy()
+	if r.PolicyID != "" {
+		p = nil
+		if s.cfg.Policy != nil {
+			p = s.cfg.Policy(r.PolicyID)
+		}
+		if p == nil {
+			return
+		}
+	}
+	if p == nil {
+		return
+	}
+	inf.unlimited = inf.unlimited || p.Mode == limiter.Shadow
+	inf.policyID = p.ID
+	switch {
+	case p.Algorithm == limiter.TokenBucket || p.Algorithm == limiter.LeakyBucket:
+		inf.limit = Amount{RateMilli: int64(math.Round(p.RatePerSec * 1000)), BurstMilli: int64(math.Round(p.Burst * 1000))}
+	case p.NominalWindowSec() > 0:
+		inf.limit = Amount{RateMilli: mulDiv(p.Limit, 1000, p.NominalWindowSec()), BurstMilli: satMul1000(p.Limit)}
+	}
+}
+
+func satMul1000(v int64) int64 {
+	if v > math.MaxInt64/1000 {
+		return math.MaxInt64
+	}
+	return v * 1000
+}
+
+// shareOf is this replica's part of the bucket's share: the region's
+// share (its record when found, else the default, 1/Regions of the
+// limit) divided by Replicas, rounded down.
+func (s *Server) shareOf(inf *bucketInfo, rec ShareRecord) Amount {
+	region := rec.Amount
+	if !rec.Found || inf.policyID == "" {
+		n := int64(1)
+		if s.cfg.Regions != nil {
+			n = int64(max(1, s.cfg.Regions()))
+		}
+		region = Amount{RateMilli: inf.limit.RateMilli / n, BurstMilli: inf.limit.BurstMilli / n}
+	}
+	r := int64(s.cfg.Replicas)
+	return Amount{RateMilli: region.RateMilli / r, BurstMilli: region.BurstMilli / r}
+}
+
+func (s *Server) readShares(ctx context.Context, infos []*bucketInfo) []ShareRecord {
+	var qs []ShareQuery
+	var idx []int
+	for i, inf := range infos {
+		if inf.policyID != "" {
+			qs = append(qs, ShareQuery{Subject: inf.subject, PolicyID: inf.policyID})
+			idx = append(idx, i)
+		}
+	}
+	out := make([]ShareRecord, len(infos))
+	if len(qs) == 0 {
+		return out
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+	defer cancel()
+	recs, err := s.cfg.Shares.ReadShares(ctx, qs)
+	if err != nil {
+		s.log.Warn("quota: share records not read; keeping the shares known (the default for new buckets)", "err", err)
+	}
+	for j, r := range recs {
+		out[idx[j]] = r
+	}
+	if err != nil && recs == nil {
+		return nil
+	}
+	return out
+}
+
+func (s *Server) handle(ctx context.Context, id EnvoyID, domain *string, msg *rlqsv3.RateLimitQuotaUsageReports) error {
+	items, err := s.parse(domain, msg)
+	if err != nil {
+		if status.Code(err) == codes.NotFound {
+			s.mReports.WithLabelValues("unknown_bucket").Inc()
+		} else {
+			s.mReports.WithLabelValues("invalid").Inc()
+		}
+		return err
+	}
+	s.mReports.WithLabelValues("ok").Inc()
+	// Usage first: it was spent whatever happens to the stream.
+	s.addUsage(s.clock.Now(), items)
+	var fresh []*bucketInfo
+	s.mu.Lock()
+	for _, it := range items {
+		if s.info[it.key] == nil {
+			fresh = append(fresh, it.info)
+		}
+	}
+	s.mu.Unlock()
+	recs := s.readShares(ctx, fresh)
+	now := s.clock.Now()
+	s.mu.Lock()
+	if s.streams[id] == nil || s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	for j, inf := range fresh {
+		if s.info[key(inf)] == nil {
+			var rec ShareRecord
+			if recs != nil {
+				rec = recs[j]
+			}
+			inf.share, inf.hasShare = s.shareOf(inf, rec), true
+			s.info[key(inf)] = inf
+		}
+	}
+	for _, it := range items {
+		inf := s.info[it.key]
+		if !s.core.Known(it.key) {
+			s.dispatch(s.core.SetShare(now, it.key, inf.share, inf.unlimited))
+		}
+		s.dispatch(s.core.Report(now, id, it.key, it.usage))
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+func key(inf *bucketInfo) BucketKey { return BucketKey(rls.BucketKey(inf.domain, inf.id)) }
+
+func (s *Server) epochOf(now time.Time) int64 {
+	ms, e := now.UnixMilli(), s.cfg.UsageEpoch.Milliseconds()
+	q := ms / e
+	if ms < 0 && ms%e != 0 {
+		q--
+	}
+	return q
+}
+
+// maxUsageKeys bounds the usage held in memory between flushes.
+const maxUsageKeys = 100_000
+
+func (s *Server) addUsage(now time.Time, items []item) {
+	if s.cfg.Usage == nil {
+		return
+	}
+	epoch := s.epochOf(now)
+	s.usageMu.Lock()
+	defer s.usageMu.Unlock()
+	for _, it := range items {
+		if it.info.policyID == "" {
+			continue
+		}
+		d := int64(it.usage.Allowed + it.usage.Denied)
+		a := int64(it.usage.Allowed)
+		if d == 0 {
+			continue
+		}
+		k := usageKey{epoch, it.info.policyID, it.info.subject}
+		c, ok := s.usage[k]
+		if !ok && len(s.usage) >= maxUsageKeys {
+			continue
+		}
+		if !ok {
+			c = limiter.UsageCount{Epoch: epoch, PolicyID: it.info.policyID, Subject: it.info.subject}
+		}
+		c.Demand += d
+		c.Admitted += a
+		s.usage[k] = c
+	}
+}
+
+// FlushUsage writes the usage counted so far to the sink; counts it could
+// not write are kept for the next flush while their epoch is at most two
+// epochs old (later, no coordinator reads them).
+func (s *Server) FlushUsage(ctx context.Context, now time.Time) error {
+	if s.cfg.Usage == nil {
+		return nil
+	}
+	s.usageMu.Lock()
+	counts := make([]limiter.UsageCount, 0, len(s.usage))
+	for _, c := range s.usage {
+		counts = append(counts, c)
+	}
+	clear(s.usage)
+	s.usageMu.Unlock()
+	if len(counts) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+	defer cancel()
+	failed, err := s.cfg.Usage.WriteUsage(ctx, counts)
+	if len(failed) > 0 {
+		oldest := s.epochOf(now) - 2
+		s.usageMu.Lock()
+		for _, c := range failed {
+			k := usageKey{c.Epoch, c.PolicyID, c.Subject}
+			old, ok := s.usage[k]
+			if c.Epoch < oldest || (!ok && len(s.usage) >= maxUsageKeys) {
+				continue
+			}
+			old.Epoch, old.PolicyID, old.Subject = c.Epoch, c.PolicyID, c.Subject
+			old.Demand += c.Demand
+			old.Admitted += c.Admitted
+			s.usage[k] = old
+		}
+		s.usageMu.Unlock()
+	}
+	return err
+}
+
+// Tick does one step of the driver at now: reads the share records of
+// active buckets again (every ShareRefresh) and applies changed shares
+// and configuration limits, runs out grants, abandons idle buckets,
+// extends assignments, and writes usage (every UsageFlush). Run calls it;
+// tests call it with their own clock.
+func (s *Server) Tick(ctx context.Context, now time.Time) {
+	if now.Sub(s.lastShareTime()) >= s.cfg.ShareRefresh {
+		s.refresh(ctx, now)
+	}
+	s.mu.Lock()
+	if !s.closed {
+		s.dispatch(s.core.Tick(now))
+		for k := range s.info {
+			if !s.core.Known(k) {
+				delete(s.info, k)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if now.Sub(s.lastFlush) >= s.cfg.UsageFlush {
+		s.lastFlush = now
+		if err := s.FlushUsage(ctx, now); err != nil {
+			s.log.Warn("quota: usage flush failed; retried on the next", "err", err)
+		}
+	}
+}
+
+func (s *Server) lastShareTime() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastShare
+}
+
+func (s *Server) refresh(ctx context.Context, now time.Time) {
+	cfg := s.cfg.Config()
+	s.mu.Lock()
+	s.lastShare = now
+	keys := make([]BucketKey, 0, len(s.info))
+	infos := make([]*bucketInfo, 0, len(s.info))
+	for k, inf := range s.info {
+		// The configuration may have changed the rule's limit.
+		if b, ok := cfg.LookupBucket(inf.domain, inf.id); ok && b.Subject == inf.subject {
+			s.setLimit(inf, b.Rule)
+		}
+		keys = append(keys, k)
+		c := *inf
+		infos = append(infos, &c)
+	}
+	s.mu.Unlock()
+	recs := s.readShares(ctx, infos)
+	if recs == nil {
+		return // Redis unreachable: keep what is known
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	for i, k := range keys {
+		inf := s.info[k]
+		if inf == nil {
+			continue
+		}
+		share := s.shareOf(inf, recs[i])
+		if share != inf.share || !s.core.Known(k) {
+			inf.share = share
+			s.dispatch(s.core.SetShare(now, k, share, inf.unlimited))
+		}
+	}
+}
+
+// Run calls Tick every quarter of the assignment TTL (at most every
+// 250 ms) until ctx is done. It blocks.
+func (s *Server) Run(ctx context.Context) {
+	every := min(250*time.Millisecond, s.cfg.Quota.TTL/4)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Tick(ctx, s.clock.Now())
+		}
+	}
+}
+
+// Shutdown sends every stream its live assignments with a TTL of 0, so
+// that Envoys fall back to their expired_assignment_behavior at once
+// rather than enforce a split nobody updates, ends the streams (OK) and
+// writes the usage counted so far. Call it before grpc.Server's
+// GracefulStop, which waits for the streams to end. Later streams are
+// refused with Unavailable.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.dispatch(s.core.Shutdown(s.clock.Now()))
+	close(s.done)
+	s.mu.Unlock()
+	return s.FlushUsage(ctx, s.clock.Now())
+}
