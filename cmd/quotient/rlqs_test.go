@@ -54,8 +54,10 @@ descriptors:
 	require.NotNil(t, qa)
 	assert.Equal(t, 2*time.Second, qa.GetAssignmentTimeToLive().AsDuration())
 	amt, _ := quota.AmountOf(qa.GetRateLimitStrategy())
-	assert.InDelta(t, 10_000, amt.RateMilli, 10, "a third of 30/s")
-	assert.Equal(t, int64(10_000), amt.BurstMilli)
+	// An envoyproxy rule limits each region, as quotient rls decides it:
+	// the region's whole 30/s, not a third of it.
+	assert.InDelta(t, 30_000, amt.RateMilli, 10, "the region's 30/s")
+	assert.Equal(t, int64(30_000), amt.BurstMilli)
 
 	// Stop as SIGTERM does (the run context ends), keeping the client.
 	done := make(chan struct{})

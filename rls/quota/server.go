@@ -96,6 +96,7 @@ type bucketInfo struct {
 	policyID  string // "" for unlimited and zero rules (no usage, no share record)
 	subject   limiter.Subject
 	limit     Amount
+	global    bool // scope global: the region's share is a share record or 1/Regions
 	unlimited bool
 	share     Amount
 	hasShare  bool
@@ -430,7 +431,7 @@ func (s *Server) parse(domain *string, msg *rlqsv3.RateLimitQuotaUsageReports) (
 // see it). Per-subject overrides of the policy are not applied.
 func (s *Server) setLimit(inf *bucketInfo, r *rls.Rule) {
 	inf.unlimited = r.Unlimited
-	inf.policyID, inf.limit = "", Amount{}
+	inf.policyID, inf.limit, inf.global = "", Amount{}, false
 	p := r.Policy()
 	if r.PolicyID != "" {
 		p = nil
@@ -446,6 +447,7 @@ func (s *Server) setLimit(inf *bucketInfo, r *rls.Rule) {
 	}
 	inf.unlimited = inf.unlimited || p.Mode == limiter.Shadow
 	inf.policyID = p.ID
+	inf.global = p.Scope == limiter.ScopeGlobal
 	switch {
 	case p.Algorithm == limiter.TokenBucket || p.Algorithm == limiter.LeakyBucket:
 		inf.limit = Amount{RateMilli: int64(math.Round(p.RatePerSec * 1000)), BurstMilli: int64(math.Round(p.Burst * 1000))}
@@ -461,12 +463,18 @@ func satMul1000(v int64) int64 {
 	return v * 1000
 }
 
-// shareOf is this replica's part of the bucket's share: the region's
-// share (its record when found, else the default, 1/Regions of the
-// limit) divided by Replicas, rounded down.
+// shareOf is this replica's part of the bucket's share, divided by
+// Replicas, rounded down. The region's share of a global policy is its
+// share record when found, else the default, 1/Regions of the limit; a
+// region-scope limit (every envoyproxy/ratelimit rule, and Quotient
+// policies without scope global) is the region's whole, as quotient rls
+// decides it per region.
 func (s *Server) shareOf(inf *bucketInfo, rec ShareRecord) Amount {
 	region := rec.Amount
-	if !rec.Found || inf.policyID == "" {
+	switch {
+	case !inf.global:
+		region = inf.limit
+	case !rec.Found || inf.policyID == "":
 		n := int64(1)
 		if s.cfg.Regions != nil {
 			n = int64(max(1, s.cfg.Regions()))
@@ -481,7 +489,7 @@ func (s *Server) readShares(ctx context.Context, infos []*bucketInfo) []ShareRec
 	var qs []ShareQuery
 	var idx []int
 	for i, inf := range infos {
-		if inf.policyID != "" {
+		if inf.global && inf.policyID != "" {
 			qs = append(qs, ShareQuery{Subject: inf.subject, PolicyID: inf.policyID})
 			idx = append(idx, i)
 		}

@@ -33,6 +33,9 @@ descriptors:
   - key: path
     value: /api
     rate_limit: {unit: second, requests_per_unit: 100}
+  - key: path
+    value: /global
+    rate_limit: {policy: api-global}
   - key: tenant
     descriptors:
       - key: route
@@ -80,6 +83,7 @@ func startQuotaWarm(t *testing.T, skipWarmUp bool) *harness {
 		Shares:     &RedisShares{Client: rc},
 		Usage:      limiter.NewRedisUsageSink(rc, limiter.DefaultUsageShards, 10*time.Second, 3),
 		Regions:    func() int { return 1 },
+		Policy:     func(id string) *limiter.Policy { return harnessPolicies[id] },
 		Quota:      qcfg,
 		Clock:      clock,
 		SkipWarmUp: skipWarmUp,
@@ -240,6 +244,19 @@ func fmtAmount(a Amount) string { return fmt.Sprintf("%d/%d milli", a.RateMilli,
 
 var apiBucket = map[string]string{"path": "/api"}
 
+// globalBucket's rule names the global policy api-global (100/s, burst
+// 100), whose region share the coordinators move through share records.
+var globalBucket = map[string]string{"path": "/global"}
+
+var harnessPolicies = func() map[string]*limiter.Policy {
+	pols, err := limiter.ParsePolicies([]byte(`[{"id": "api-global", "scope": "global", "subject": "api_key",
+		"algorithm": "token_bucket", "rate_per_sec": 100, "burst": 100}]`))
+	if err != nil {
+		panic(err)
+	}
+	return map[string]*limiter.Policy{pols[0].ID: pols[0]}
+}()
+
 // TestEnvoysMaxMinFairThenShareChange: three Envoys with skewed demand
 // (10, 40 and 200 requests/s) on one bucket of 100/s get 10, 40 and 50
 // once the first Envoy's larger assignment has run out; the Envoys' own
@@ -253,14 +270,14 @@ func TestEnvoysMaxMinFairThenShareChange(t *testing.T) {
 	es := []*envoy{h.envoy(t, "a", rec.on), h.envoy(t, "b", rec.on), h.envoy(t, "c", rec.on)}
 	demand := []uint64{10, 40, 200}
 	for i, e := range es {
-		e.report(t, "edge", usage(apiBucket, demand[i], 0, time.Second))
+		e.report(t, "edge", usage(globalBucket, demand[i], 0, time.Second))
 		waitFor(t, e.name+"'s first assignment", func() bool { return e.latest() != nil })
 	}
 	// a got the whole share alone; b and c get what is left until a's
 	// first assignment runs out (TTL + InFlight after it was sent).
 	h.clock.Advance(h.qcfg.TTL + h.qcfg.InFlight)
 	for i, e := range es {
-		e.report(t, "edge", usage(apiBucket, demand[i], 0, time.Second))
+		e.report(t, "edge", usage(globalBucket, demand[i], 0, time.Second))
 	}
 	h.srv.Tick(context.Background(), h.clock.Now())
 	want := []int64{10_000, 40_000, 50_000}
@@ -280,8 +297,8 @@ func TestEnvoysMaxMinFairThenShareChange(t *testing.T) {
 	assert.True(t, sum.fits(share), "sum %+v", sum)
 
 	// The coordinator halves the region's share.
-	policyID := mustBucket(t, h.cfg, apiBucket).Rule.Policy().ID
-	subj := mustBucket(t, h.cfg, apiBucket).Subject
+	policyID := mustBucket(t, h.cfg, globalBucket).Rule.PolicyID
+	subj := mustBucket(t, h.cfg, globalBucket).Subject
 	require.NoError(t, limiter.NewRedisStore(h.rc).SetShare(context.Background(), subj, policyID, 50_000, 50_000, time.Minute))
 	before := []int{es[0].count(), es[1].count(), es[2].count()}
 	aBefore := es[0].latest()
@@ -311,7 +328,7 @@ func TestEnvoysMaxMinFairThenShareChange(t *testing.T) {
 	shareMu.Unlock()
 	h.clock.Advance(h.qcfg.TTL + h.qcfg.InFlight)
 	for i, e := range es {
-		e.report(t, "edge", usage(apiBucket, demand[i], 0, time.Second))
+		e.report(t, "edge", usage(globalBucket, demand[i], 0, time.Second))
 	}
 	h.srv.Tick(context.Background(), h.clock.Now())
 	rec.mu.Lock()
@@ -469,9 +486,10 @@ func TestBucketKeyOrder(t *testing.T) {
 	assert.Equal(t, []rls.Entry{{Key: "tenant", Value: "t1"}, {Key: "route", Value: "r"}}, bk.Entries)
 }
 
-// TestShareOfReplicasAndRegions: the default share is 1/Regions of the
-// limit, a share record replaces it, and each of Replicas servers takes
-// 1/Replicas of either.
+// TestShareOfReplicasAndRegions: a region-scope limit (an envoyproxy
+// rule) is the region's whole, as quotient rls decides it; a global
+// policy's share is 1/Regions of its limit by default and its share record
+// when there is one; each of Replicas servers takes 1/Replicas of it.
 func TestShareOfReplicasAndRegions(t *testing.T) {
 	cfg, err := rls.Parse([]rls.File{{Name: "edge.yaml", Data: []byte(testConfig)}}, rls.ParseOptions{})
 	require.NoError(t, err)
@@ -480,6 +498,11 @@ func TestShareOfReplicasAndRegions(t *testing.T) {
 	inf := &bucketInfo{}
 	srv.setLimit(inf, mustBucket(t, cfg, apiBucket).Rule)
 	assert.Equal(t, Amount{RateMilli: 100_000, BurstMilli: 100_000}, inf.limit)
+	assert.False(t, inf.global)
+	assert.Equal(t, Amount{RateMilli: 50_000, BurstMilli: 50_000}, srv.shareOf(inf, ShareRecord{}), "the region's whole limit, over 2 replicas")
+	assert.Equal(t, Amount{RateMilli: 50_000, BurstMilli: 50_000}, srv.shareOf(inf, ShareRecord{Found: true, Amount: Amount{60_000, 10_000}}), "no share record applies to a region limit")
+
+	inf.global = true
 	assert.Equal(t, Amount{RateMilli: 16_666, BurstMilli: 16_666}, srv.shareOf(inf, ShareRecord{}))
 	assert.Equal(t, Amount{RateMilli: 30_000, BurstMilli: 5_000}, srv.shareOf(inf, ShareRecord{Found: true, Amount: Amount{60_000, 10_000}}))
 }
