@@ -260,8 +260,8 @@ func TestBinariesRedisKilled(t *testing.T) {
 	before := phase()
 	fellBackBefore, err := metricSum(metrics, fallbackG) // store timeouts of a loaded machine
 	require.NoError(t, err)
+	killed := time.Now() // before the signal: the fallback may answer as soon as it lands
 	d.killRedis(us)
-	killed := time.Now()
 	// While Redis is down, /readyz says the gateway serves in fallback.
 	sawFallbackReady := false
 	for time.Since(killed) < downFor {
