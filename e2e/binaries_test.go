@@ -98,10 +98,21 @@ type outcome struct {
 	regSecs  map[string][2][]int // key/region -> per second: demand, admitted
 	errors   atomic.Int64
 	errLast  atomic.Value
+	slow     map[string]int // region -> answers (or errors) that took 1 s or more, as the client saw them
 }
 
 func newOutcome(d time.Duration) *outcome {
-	return &outcome{secs: int(d/time.Second) + 1, demand: map[string][]int{}, admitted: map[string][]int{}, perReg: map[string]int{}, regSecs: map[string][2][]int{}}
+	return &outcome{secs: int(d/time.Second) + 1, demand: map[string][]int{}, admitted: map[string][]int{}, perReg: map[string]int{}, regSecs: map[string][2][]int{}, slow: map[string]int{}}
+}
+
+// took records how long one request of region took, from the client.
+func (o *outcome) took(region string, d time.Duration) {
+	if d < time.Second {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.slow[region]++
 }
 
 func (o *outcome) add(key, region string, sec int, ok bool) {
@@ -143,7 +154,9 @@ func sendFlows(t0 time.Time, flows []flow, gw map[string]string, out *outcome, w
 					sec := int(time.Since(t0) / time.Second)
 					req, _ := http.NewRequest("GET", gw[f.region]+f.route, nil)
 					req.Header.Set("X-API-Key", f.key)
+					sent := time.Now()
 					resp, err := client.Do(req)
+					out.took(f.region, time.Since(sent))
 					if err != nil {
 						out.errors.Add(1)
 						out.errLast.Store(err.Error())
