@@ -85,9 +85,11 @@ func deployLab(t *testing.T, policiesJSON, keysJSON string, gatewayArgs ...strin
 	// netlab.New picks the first /24 that no interface has yet and only
 	// then adds its bridge's address: two labs built at the same moment
 	// could pick the same one, so this package builds one at a time.
-	labMu.Lock()
-	d.lab = netlab.New(t)
-	labMu.Unlock()
+	func() {
+		labMu.Lock()
+		defer labMu.Unlock() // also when New fails the test (Goexit)
+		d.lab = netlab.New(t)
+	}()
 	d.broker = d.lab.AddHost("broker")
 	broker := startCmd(t, d.dir, "devkafka", d.broker.Command(context.Background(), devkafka, "--listen", d.broker.Addr(9092)))
 	kafka := broker.waitLog(t, regexpFor(d.broker.Addr(9092)), 20*time.Second)
