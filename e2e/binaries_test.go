@@ -94,13 +94,25 @@ type outcome struct {
 	mu       sync.Mutex
 	demand   map[string][]int // key -> per second (all regions)
 	admitted map[string][]int
-	perReg   map[string]int // key/region -> admitted
+	perReg   map[string]int      // key/region -> admitted
+	regSecs  map[string][2][]int // key/region -> per second: demand, admitted
 	errors   atomic.Int64
 	errLast  atomic.Value
+	slow     map[string]int // region -> answers (or errors) that took 1 s or more, as the client saw them
 }
 
 func newOutcome(d time.Duration) *outcome {
-	return &outcome{secs: int(d/time.Second) + 1, demand: map[string][]int{}, admitted: map[string][]int{}, perReg: map[string]int{}}
+	return &outcome{secs: int(d/time.Second) + 1, demand: map[string][]int{}, admitted: map[string][]int{}, perReg: map[string]int{}, regSecs: map[string][2][]int{}, slow: map[string]int{}}
+}
+
+// took records how long one request of region took, from the client.
+func (o *outcome) took(region string, d time.Duration) {
+	if d < time.Second {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.slow[region]++
 }
 
 func (o *outcome) add(key, region string, sec int, ok bool) {
@@ -110,11 +122,17 @@ func (o *outcome) add(key, region string, sec int, ok bool) {
 	if o.demand[key] == nil {
 		o.demand[key], o.admitted[key] = make([]int, n), make([]int, n)
 	}
+	kr := key + "/" + region
+	if o.regSecs[kr][0] == nil {
+		o.regSecs[kr] = [2][]int{make([]int, n), make([]int, n)}
+	}
 	sec = min(sec, n-1)
 	o.demand[key][sec]++
+	o.regSecs[kr][0][sec]++
 	if ok {
 		o.admitted[key][sec]++
-		o.perReg[key+"/"+region]++
+		o.regSecs[kr][1][sec]++
+		o.perReg[kr]++
 	}
 }
 
@@ -136,7 +154,9 @@ func sendFlows(t0 time.Time, flows []flow, gw map[string]string, out *outcome, w
 					sec := int(time.Since(t0) / time.Second)
 					req, _ := http.NewRequest("GET", gw[f.region]+f.route, nil)
 					req.Header.Set("X-API-Key", f.key)
+					sent := time.Now()
 					resp, err := client.Do(req)
+					out.took(f.region, time.Since(sent))
 					if err != nil {
 						out.errors.Add(1)
 						out.errLast.Store(err.Error())
@@ -178,6 +198,7 @@ func idealBucket(demand []int, rate, burst func(sec int) float64) []float64 {
 // TestBinariesGlobalLimits deploys three regions on loopback from the
 // shipped binaries and checks that global limits hold across them.
 func TestBinariesGlobalLimits(t *testing.T) {
+	t.Parallel() // beside the other deployments: each has its own processes and ports
 	dir := t.TempDir()
 	quotient := bin(t, "quotient")
 	up := upstreamURL(t)

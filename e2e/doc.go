@@ -16,4 +16,17 @@
 // the global rate or burst; a global daily window never exceeds its limit
 // by more than its documented overshoot bound (the other regions' traffic
 // during one replication lag).
+//
+// The resilience tests run each region as its own host (internal/netlab:
+// a network namespace with its redis-server, coordinator and gateway, the
+// broker on a host of its own) and inject one fault each: a region cut
+// off and the broker cut off with nftables (QUOTIENT_E2E_FAULT_FOR long:
+// 40 s by default, 10 min under make e2e-faults), a region's redis-server
+// killed with SIGKILL and restarted empty, a coordinator leader killed.
+// They need root, ip and nft and skip, naming what is missing, without.
+//
+// Every test runs in parallel with the others, four at a time (make e2e
+// passes -parallel 4): each is a deployment of its own, on free loopback
+// ports or in a lab of its own, of mostly idle processes at tens of
+// requests per second.
 package e2e

@@ -1,0 +1,269 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quotientlabs/quotient/internal/netlab"
+	"github.com/quotientlabs/quotient/limiter"
+)
+
+// faultFor is how long the faults of the resilience tests last (a region
+// cut off, the broker cut off): QUOTIENT_E2E_FAULT_FOR, a Go duration
+// (scripts/e2e-faults.sh sets 10m), else short, the default of make test.
+func faultFor(t *testing.T, short time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv("QUOTIENT_E2E_FAULT_FOR")
+	if v == "" {
+		return short
+	}
+	d, err := time.ParseDuration(v)
+	require.NoError(t, err, "QUOTIENT_E2E_FAULT_FOR must be a Go duration such as 10m")
+	require.GreaterOrEqual(t, d, 10*time.Second, "QUOTIENT_E2E_FAULT_FOR must be at least 10s")
+	return d
+}
+
+// labRegion is one region of a labDeployment: a host with its
+// redis-server, quotient coordinator and quotient gateway.
+type labRegion struct {
+	name  string
+	host  *netlab.Host
+	redis *redis.Client // from the test process, through the bridge
+
+	mu        sync.Mutex
+	redisProc *proc
+	restarts  int
+
+	coordinator string // base URL
+	gateway     string // base URL
+	gatewayProc *proc
+}
+
+// labDeployment is the deployment of TestBinariesRegionCutOff and the
+// other resilience tests: every region its own host (netlab), the broker
+// on a host of its own, policies from a file.
+type labDeployment struct {
+	t        *testing.T
+	dir      string
+	lab      *netlab.Lab
+	broker   *netlab.Host
+	regions  map[string]*labRegion
+	upstream string
+}
+
+const labRedisPort = 6379
+
+// labMu serialises netlab.New within this test binary (see deployLab).
+var labMu sync.Mutex
+
+// deployLab starts the broker, then the regions (names of the package's
+// regions) with the policies and keys documents given (JSON), the
+// gateways with extra flags gatewayArgs, and waits until every
+// coordinator and gateway is ready. It skips the test when the machine
+// cannot build network namespaces.
+func deployLab(t *testing.T, policiesJSON, keysJSON string, gatewayArgs ...string) *labDeployment {
+	t.Helper()
+	if err := netlab.Available(); err != nil {
+		t.Skipf("this machine lacks what network namespaces need: %v", err)
+	}
+	d := &labDeployment{t: t, dir: t.TempDir(), regions: map[string]*labRegion{}}
+	quotient, devkafka := bin(t, "quotient"), bin(t, "devkafka")
+	// netlab.New picks the first /24 that no interface has yet and only
+	// then adds its bridge's address: two labs built at the same moment
+	// could pick the same one, so this package builds one at a time.
+	func() {
+		labMu.Lock()
+		defer labMu.Unlock() // also when New fails the test (Goexit)
+		d.lab = netlab.New(t)
+	}()
+	d.broker = d.lab.AddHost("broker")
+	broker := startCmd(t, d.dir, "devkafka", d.broker.Command(context.Background(), devkafka, "--listen", d.broker.Addr(9092)))
+	kafka := broker.waitLog(t, regexpFor(d.broker.Addr(9092)), 20*time.Second)
+
+	policies := filepath.Join(d.dir, "policies.json")
+	require.NoError(t, os.WriteFile(policies, []byte(policiesJSON), 0o600))
+	keys := filepath.Join(d.dir, "keys.json")
+	require.NoError(t, os.WriteFile(keys, []byte(keysJSON), 0o600))
+
+	// The upstream runs in the test process (root namespace): the hosts
+	// reach it on the lab's bridge address.
+	d.upstream = upstreamOn(t, d.lab.Gateway()+":0")
+	for _, name := range regions {
+		h := d.lab.AddHost(name)
+		r := &labRegion{name: name, host: h}
+		d.regions[name] = r
+		d.startRedis(r)
+		c := redis.NewClient(&redis.Options{Addr: h.Addr(labRedisPort)})
+		t.Cleanup(func() { _ = c.Close() })
+		r.redis = c
+		startCmd(t, d.dir, "coordinator-"+name, h.Command(context.Background(), quotient, "coordinator",
+			"--region", name, "--regions", strings.Join(regions, ","), "--redis", h.Addr(labRedisPort), "--kafka", kafka,
+			"--listen", h.Addr(9090), "--epoch", epoch.String(), "--policies", policies))
+		r.coordinator = "http://" + h.Addr(9090)
+		args := append([]string{"gateway",
+			"--listen", h.Addr(8080), "--upstream", d.upstream, "--redis", h.Addr(labRedisPort), "--region", name, "--regions", strings.Join(regions, ","),
+			"--epoch", epoch.String(), "--usage-flush", usageFlush.String(), "--policies", policies, "--keys", keys}, gatewayArgs...)
+		r.gatewayProc = startCmd(t, d.dir, "gateway-"+name, h.Command(context.Background(), quotient, args...))
+		r.gatewayProc.waitLog(t, regexpFor("listening on "+h.Addr(8080)), 30*time.Second)
+		r.gateway = "http://" + h.Addr(8080)
+	}
+	for _, name := range regions {
+		waitHTTP(t, d.regions[name].coordinator+"/readyz", 60*time.Second, nil)
+		waitHTTP(t, d.regions[name].gateway+"/readyz", 30*time.Second, nil) // warm: no request is decided before
+	}
+	return d
+}
+
+// startRedis starts (or, after killRedis, starts again, empty: no
+// persistence) the region's redis-server on its host.
+func (d *labDeployment) startRedis(r *labRegion) {
+	d.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	name := "redis-" + r.name
+	if r.restarts > 0 {
+		name += fmt.Sprintf("-%d", r.restarts)
+	}
+	r.restarts++
+	p := startCmd(d.t, d.dir, name, r.host.Command(context.Background(), "redis-server", "--bind", r.host.IP, "--port", strconv.Itoa(labRedisPort), "--save", "", "--appendonly", "no", "--protected-mode", "no"))
+	p.waitLog(d.t, regexp.MustCompile(`(Ready to accept connections)`), 20*time.Second)
+	r.redisProc = p
+}
+
+// killRedis ends the region's redis-server with SIGKILL (a crash: its
+// data is gone) and waits until it has exited.
+func (d *labDeployment) killRedis(r *labRegion) {
+	d.t.Helper()
+	r.mu.Lock()
+	p := r.redisProc
+	r.mu.Unlock()
+	// ip netns exec execs redis-server, so the process is redis-server.
+	require.NoError(d.t, p.cmd.Process.Kill())
+	<-p.done
+}
+
+// gateways is region -> gateway base URL, for sendFlows.
+func (d *labDeployment) gateways() map[string]string {
+	gw := map[string]string{}
+	for name, r := range d.regions {
+		gw[name] = r.gateway
+	}
+	return gw
+}
+
+// shareSampler reads the share record of one global token bucket (key,
+// policy id, global rate per second) from every region's Redis every
+// 100 ms and counts the samples where Σ of what the regions enforce
+// exceeds the global rate. A region without a record enforces 1/n of the
+// rate; a sample in which a Redis does not answer is incomplete (counted
+// apart, not checked).
+type shareSampler struct {
+	samples, violations, incomplete atomic.Int64
+	first                           atomic.Value
+	stop                            func()
+	wg                              sync.WaitGroup
+}
+
+func (d *labDeployment) sampleShares(t0 time.Time, key, policyID string, rate float64) *shareSampler {
+	s := &shareSampler{}
+	ctx, stop := context.WithCancel(context.Background())
+	s.stop = func() { stop(); s.wg.Wait() }
+	d.t.Cleanup(s.stop)
+	shareKey := limiter.ShareKey(limiter.Subject{Kind: limiter.SubjectAPIKey, Value: key}, policyID)
+	limit := int64(rate * 1000)
+	s.wg.Go(func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			var sum int64
+			var parts []string
+			complete := true
+			for _, name := range regions {
+				cctx, cancel := context.WithTimeout(ctx, time.Second)
+				m, err := d.regions[name].redis.HGetAll(cctx, shareKey).Result()
+				cancel()
+				if err != nil {
+					complete = false
+					break
+				}
+				r := limit / int64(len(regions))
+				if v, err := strconv.ParseInt(m["r"], 10, 64); err == nil {
+					r = v
+				}
+				sum += r
+				parts = append(parts, fmt.Sprintf("%s=%d", name, r))
+			}
+			if !complete {
+				if ctx.Err() == nil {
+					s.incomplete.Add(1)
+				}
+				continue
+			}
+			s.samples.Add(1)
+			if sum > limit && s.violations.Add(1) == 1 {
+				s.first.Store(fmt.Sprintf("at %v: %d > %d milli (%s)", time.Since(t0).Round(100*time.Millisecond), sum, limit, strings.Join(parts, ", ")))
+			}
+		}
+	})
+	return s
+}
+
+// metricValues scrapes the Prometheus text at url and returns the value
+// of every sample whose line (name and labels) matches re, keyed by that
+// line's name and labels.
+func metricValues(url string, re *regexp.Regexp) (map[string]float64, error) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		if i < 0 || !re.MatchString(l[:i]) {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[i+1:], 64)
+		if err != nil {
+			return nil, fmt.Errorf("metrics %s: %q: %v", url, l, err)
+		}
+		out[l[:i]] = v
+	}
+	return out, sc.Err()
+}
+
+// metricSum is the sum of metricValues.
+func metricSum(url string, re *regexp.Regexp) (float64, error) {
+	m, err := metricValues(url, re)
+	var s float64
+	for _, v := range m {
+		s += v
+	}
+	return s, err
+}
