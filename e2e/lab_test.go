@@ -67,9 +67,6 @@ type labDeployment struct {
 
 const labRedisPort = 6379
 
-// labMu serialises netlab.New within this test binary (see deployLab).
-var labMu sync.Mutex
-
 // deployLab starts the broker, then the regions (names of the package's
 // regions) with the policies and keys documents given (JSON), the
 // gateways with extra flags gatewayArgs, and waits until every
@@ -82,14 +79,7 @@ func deployLab(t *testing.T, policiesJSON, keysJSON string, gatewayArgs ...strin
 	}
 	d := &labDeployment{t: t, dir: t.TempDir(), regions: map[string]*labRegion{}}
 	quotient, devkafka := bin(t, "quotient"), bin(t, "devkafka")
-	// netlab.New picks the first /24 that no interface has yet and only
-	// then adds its bridge's address: two labs built at the same moment
-	// could pick the same one, so this package builds one at a time.
-	func() {
-		labMu.Lock()
-		defer labMu.Unlock() // also when New fails the test (Goexit)
-		d.lab = netlab.New(t)
-	}()
+	d.lab = netlab.New(t) // atomic within the process: parallel labs never share a subnet
 	d.broker = d.lab.AddHost("broker")
 	broker := startCmd(t, d.dir, "devkafka", d.broker.Command(context.Background(), devkafka, "--listen", d.broker.Addr(9092)))
 	kafka := broker.waitLog(t, regexpFor(d.broker.Addr(9092)), 20*time.Second)

@@ -49,6 +49,10 @@ func Available() error {
 // labs numbers labs of this process; with the pid it makes names unique.
 var labs atomic.Int64
 
+// openMu makes the choice of a lab's subnet and the bridge that takes it
+// atomic within this process.
+var openMu sync.Mutex
+
 // TB is the part of testing.TB that New uses (so that programs using Open
 // do not link package testing).
 type TB interface {
@@ -99,6 +103,11 @@ func Open() (*Lab, error) {
 	if err := Available(); err != nil {
 		return nil, err
 	}
+	// The check for a free /24 and the bridge that takes it are one step
+	// within this process, so labs opened at the same moment (parallel
+	// tests) never pick the same subnet.
+	openMu.Lock()
+	defer openMu.Unlock()
 	n := labs.Add(1)
 	l := &Lab{id: fmt.Sprintf("%d%d", os.Getpid()%100000, n), subnet: -1}
 	for i := range int64(250) {
