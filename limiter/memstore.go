@@ -12,6 +12,17 @@ import (
 // policies of one request atomically. The implementations are [RedisStore]
 // (shared by all gateways of a region, decides with Redis server time) and
 // [MemoryStore] (one process, decides at the time it is given).
+//
+// Store is sealed (its method is unexported): other packages cannot
+// implement it. A store is not a key-value interface but the algorithms
+// themselves, run atomically over every subject of a request with the
+// all-or-nothing and refund contract above, in integer arithmetic that
+// both implementations share bit for bit (the differential tests prove it
+// against a real redis-server, standalone and cluster). A third
+// implementation outside the package could not be held to that, and a
+// decision that differs between gateways of one fleet is a wrong limit.
+// To put the limiter on other infrastructure, wrap a RedisStore-compatible
+// server (Redis, Valkey, a managed Redis, a cluster) or use MemoryStore.
 type Store interface {
 	// eval evaluates ops at now and writes the answers into res
 	// (len(res) == len(ops)); subjects[i] is the subject of ops[i], and
