@@ -1,9 +1,11 @@
 package simulations
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"time"
 )
 
 // This file is the seam the live mode (package simulations/live) uses to
@@ -127,4 +129,45 @@ func (rep *Report) WindowStarts() []int64 {
 		out[w], _ = rep.windowBounds(w)
 	}
 	return out
+}
+
+// Pace replays sc's requests in real time from start, time compressed by
+// scale (scenario nanoseconds per real nanosecond, at least 1): it sleeps
+// until each request is due, then calls send with its due time, in order.
+// It stops when the schedule ends, send returns false, or ctx ends (then it
+// returns ctx's error). The live and deployed modes pace their clients with
+// it. Requests due within 200 µs are sent without sleeping.
+func Pace(ctx context.Context, sc *Scenario, start time.Time, scale int64, send func(due time.Time, req Request) bool) error {
+	sched := NewSchedule(sc)
+	scale = max(scale, 1)
+	for {
+		req, ok := sched.Next()
+		if !ok {
+			return nil
+		}
+		due := start.Add(time.Duration(req.AtNs / scale))
+		if time.Until(due) > 200*time.Microsecond && !SleepUntil(ctx, due) {
+			return ctx.Err()
+		}
+		if !send(due, req) {
+			return ctx.Err()
+		}
+	}
+}
+
+// SleepUntil sleeps until t or until ctx ends; it reports whether it
+// reached t with ctx still live.
+func SleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-tm.C:
+		return true
+	}
 }

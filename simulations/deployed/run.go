@@ -316,7 +316,7 @@ func (r *run) execute(ctx context.Context) error {
 	k := (now+int64(r.cfg.HeadStartEpochs)*epochNs)/epochNs + 1
 	r.start = time.Unix(0, k*epochNs)
 	r.logf("deployed: t=0 at %s (in %v)", r.start.UTC().Format(time.RFC3339Nano), time.Until(r.start).Round(time.Millisecond))
-	if !sleepUntil(ctx, r.start) {
+	if !simulations.SleepUntil(ctx, r.start) {
 		return fmt.Errorf("%w: %v", ErrRun, ctx.Err())
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -331,24 +331,14 @@ func (r *run) execute(ctx context.Context) error {
 	bg.Go(func() { r.sample(runCtx) })
 	bg.Go(func() { r.faults(runCtx) })
 
-	sched := simulations.NewSchedule(r.sc)
-	scale := r.t.scale
-dispatch:
-	for {
-		req, ok := sched.Next()
-		if !ok {
-			break
-		}
-		due := r.start.Add(time.Duration(req.AtNs / scale))
-		if time.Until(due) > 200*time.Microsecond && !sleepUntil(ctx, due) {
-			break
-		}
+	_ = simulations.Pace(ctx, r.sc, r.start, r.t.scale, func(due time.Time, req simulations.Request) bool {
 		select {
 		case r.regions[req.Region].queue <- work{due: due, req: req}:
+			return true
 		case <-ctx.Done():
-			break dispatch
+			return false
 		}
-	}
+	})
 	for _, rr := range r.regions {
 		close(rr.queue)
 	}
@@ -420,7 +410,7 @@ func (r *run) sample(ctx context.Context) {
 	n := int64(len(r.regions))
 	total := r.sc.DurationSec
 	for s := range total {
-		if !sleepUntil(ctx, r.start.Add(time.Duration(s+1)*r.t.second)) {
+		if !simulations.SleepUntil(ctx, r.start.Add(time.Duration(s+1)*r.t.second)) {
 			return
 		}
 		vals := make([][]int64, len(r.regions))
@@ -529,7 +519,7 @@ func (r *run) faults(ctx context.Context) {
 			continue
 		}
 		at := r.start.Add(time.Duration(a.atSec * float64(time.Second) / float64(r.t.scale)))
-		if !sleepUntil(ctx, at) {
+		if !simulations.SleepUntil(ctx, at) {
 			return
 		}
 		r.logf("deployed: t=%vs %s", a.atSec, a.what)
@@ -582,21 +572,5 @@ func (r *run) close() {
 	}
 	if r.lab != nil {
 		r.lab.Close()
-	}
-}
-
-// sleepUntil waits until t or ctx ends; it reports whether t came.
-func sleepUntil(ctx context.Context, t time.Time) bool {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-tm.C:
-		return true
 	}
 }

@@ -171,22 +171,6 @@ func (r *run) close() {
 	}
 }
 
-// sleepUntil waits until t or ctx ends; it reports whether t came.
-func sleepUntil(ctx context.Context, t time.Time) bool {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-tm.C:
-		return true
-	}
-}
-
 // execute starts the coordinators and flushers, waits for t=0, replays
 // the schedule in scaled real time, samples shares every scenario second,
 // and stops everything.
@@ -219,7 +203,7 @@ func (r *run) execute(ctx context.Context) error {
 	now := time.Now().UnixNano()
 	k := (now+int64(r.cfg.HeadStartEpochs)*epochNs)/epochNs + 1
 	r.start = time.Unix(0, k*epochNs)
-	if !sleepUntil(ctx, r.start) {
+	if !simulations.SleepUntil(ctx, r.start) {
 		return fmt.Errorf("%w: %v", ErrRun, ctx.Err())
 	}
 
@@ -239,24 +223,14 @@ func (r *run) execute(ctx context.Context) error {
 		r.sample(ctx)
 	}()
 
-	sched := simulations.NewSchedule(r.sc)
-	scale := r.t.scale
-dispatch:
-	for {
-		req, ok := sched.Next()
-		if !ok {
-			break
-		}
-		due := r.start.Add(time.Duration(req.AtNs / scale))
-		if time.Until(due) > 200*time.Microsecond && !sleepUntil(ctx, due) {
-			break
-		}
+	_ = simulations.Pace(ctx, r.sc, r.start, r.t.scale, func(due time.Time, req simulations.Request) bool {
 		select {
 		case r.regions[req.Region].queue <- work{due: due, req: req}:
+			return true
 		case <-ctx.Done():
-			break dispatch
+			return false
 		}
-	}
+	})
 	for _, rr := range r.regions {
 		close(rr.queue)
 	}
@@ -327,7 +301,7 @@ func (r *run) sample(ctx context.Context) {
 	total := r.sc.DurationSec
 	vals := make([][]int64, len(r.regions))
 	for s := range total {
-		if !sleepUntil(ctx, r.start.Add(time.Duration(s+1)*r.t.second)) {
+		if !simulations.SleepUntil(ctx, r.start.Add(time.Duration(s+1)*r.t.second)) {
 			return
 		}
 		for ri, rr := range r.regions {
