@@ -89,15 +89,7 @@ func runDeployedFile(ctx context.Context, env environment, file string, sc *simu
 	if err == nil {
 		err = deployed.Available(cfg)
 	}
-	var serr *simulations.ScenarioError
-	switch {
-	case errors.As(err, &serr):
-		for _, p := range serr.Problems {
-			fmt.Fprintf(env.stderr, "%s: %s\n", file, p)
-		}
-		return nil, 2
-	case err != nil:
-		fmt.Fprintf(env.stderr, "%s: %v\n", file, err)
+	if printRefusal(env, file, err) {
 		return nil, 2
 	}
 	if progress {

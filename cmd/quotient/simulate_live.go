@@ -81,15 +81,7 @@ func runLiveFile(ctx context.Context, env environment, file string, sc *simulati
 	if err == nil {
 		err = live.Check(scaled)
 	}
-	var serr *simulations.ScenarioError
-	switch {
-	case errors.As(err, &serr):
-		for _, p := range serr.Problems {
-			fmt.Fprintf(env.stderr, "%s: %s\n", file, p)
-		}
-		return nil, 2
-	case err != nil:
-		fmt.Fprintf(env.stderr, "%s: %v\n", file, err)
+	if printRefusal(env, file, err) {
 		return nil, 2
 	}
 	if progress {
@@ -110,4 +102,20 @@ func runLiveFile(ctx context.Context, env environment, file string, sc *simulati
 		return rep, 1
 	}
 	return rep, 0
+}
+
+// printRefusal prints why a scenario cannot run (every problem of a
+// *simulations.ScenarioError, one per line, or the error) and reports
+// whether there was one (err != nil).
+func printRefusal(env environment, file string, err error) bool {
+	var serr *simulations.ScenarioError
+	switch {
+	case errors.As(err, &serr):
+		for _, p := range serr.Problems {
+			fmt.Fprintf(env.stderr, "%s: %s\n", file, p)
+		}
+	case err != nil:
+		fmt.Fprintf(env.stderr, "%s: %v\n", file, err)
+	}
+	return err != nil
 }
