@@ -60,7 +60,7 @@ lint:
 ## bench: benchmarks with memory statistics (see README for the numbers measured),
 ## then the limiter core's figures, unpinned and pinned (bench-limiter)
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+	$(GO) test -run '^$$' -bench . -skip '^(BenchmarkCompareRedisRate|BenchmarkCheckLatencyAtHalfPeak|BenchmarkMemoryStore)$$' -benchmem -benchtime $(BENCHTIME) $(PKGS)
 	./scripts/bench-limiter.sh
 
 ## bench-limiter: the limiter core's figures of the README in one run: Check
