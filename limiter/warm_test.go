@@ -117,18 +117,7 @@ func TestWarmerRewarmsAfterRestart(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	reg := prometheus.NewRegistry()
-	w, err := NewWarmer(NewRedisStore(client), WarmConfig{Interval: 20 * time.Millisecond, Conns: 3, Metrics: reg})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-
-	select {
-	case <-w.Ready():
-	case <-time.After(10 * time.Second):
-		t.Fatalf("not ready: %+v", w.Status())
-	}
+	w := startWarmer(t, NewRedisStore(client), WarmConfig{Interval: 20 * time.Millisecond, Conns: 3, Metrics: reg})
 	st := w.Status()
 	assert.True(t, st.Warm)
 	assert.Equal(t, int64(1), st.Warmups)
@@ -136,11 +125,7 @@ func TestWarmerRewarmsAfterRestart(t *testing.T) {
 	assert.Equal(t, 1.0, gatherValue(t, reg, "quotient_store_warm", nil))
 
 	srv.Restart(t)
-	deadline := time.Now().Add(10 * time.Second)
-	for w.Status().Warmups < 2 {
-		require.True(t, time.Now().Before(deadline), "no second warm-up after the restart: %+v", w.Status())
-		time.Sleep(10 * time.Millisecond) // polling a real server with a deadline
-	}
+	waitWarmups(t, w, 2)
 	have, err := srv.Client().ScriptExists(context.Background(), scriptHashes()...).Result()
 	require.NoError(t, err)
 	assert.Equal(t, allLoaded(), have)
@@ -166,17 +151,7 @@ func TestNoScriptWakesTheWarmer(t *testing.T) {
 				require.NoError(t, err)
 				t.Cleanup(store.Close)
 			}
-			w, err := NewWarmer(store, WarmConfig{Interval: time.Hour})
-			require.NoError(t, err)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- w.Run(ctx) }()
-			t.Cleanup(func() { cancel(); <-done })
-			select {
-			case <-w.Ready():
-			case <-time.After(10 * time.Second):
-				t.Fatalf("not ready: %+v", w.Status())
-			}
+			w := startWarmer(t, store, WarmConfig{Interval: time.Hour})
 			l, err := New(Config{Store: store, Deadline: 5 * time.Second}, mustPolicies(t, `[{"id":"q","algorithm":"token_bucket","rate_per_sec":1,"burst":5}]`))
 			require.NoError(t, err)
 
