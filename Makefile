@@ -8,7 +8,7 @@ GO ?= go
 GOBIN := $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-FUZZTIME ?= 5s
+FUZZTIME ?= 3000x
 BENCHTIME ?= 2s
 PKGS := ./...
 
