@@ -170,6 +170,8 @@ type simEnvoy struct {
 	buckets   map[int]*envoyBucket
 	reports   int64 // messages sent to the server
 	responses int64 // messages received from it
+	since     int64 // true ns at which it last went from no bucket to one
+	activeNs  int64 // time it held a bucket, up to since
 }
 
 // envoyRegion is the RLQS tier of one region: its server and Envoys.
@@ -247,6 +249,9 @@ func (r *envoyRegion) request(at int64, j, k int) (bool, error) {
 	if fresh {
 		b = &envoyBucket{id: r.idOf(k), reported: at}
 		b.fallback(at) // no_assignment_behavior
+		if len(env.buckets) == 0 {
+			env.since = at
+		}
 		env.buckets[k] = b
 		r.bucketOf[rls.BucketKey(EnvoyDomain, b.id)] = k
 	}
@@ -316,6 +321,9 @@ func (r *envoyRegion) drain(at int64) {
 			}
 			if ba.GetAbandonAction() != nil {
 				delete(env.buckets, k)
+				if len(env.buckets) == 0 {
+					env.activeNs += at - env.since
+				}
 				continue
 			}
 			qa := ba.GetQuotaAssignmentAction()
@@ -411,6 +419,9 @@ type envoyTier struct {
 	shares    []map[int]tierShare
 	storeDown func(r int, now time.Time) bool
 	addUsage  func(r, k int, demand, admitted int64)
+	// observe, when set (tests), runs after every event of the tier and
+	// every request through it, with the region it touched.
+	observe func(at int64, r int)
 }
 
 // newEnvoyTier builds the tier of e's scenario, or nil without envoys,
@@ -507,6 +518,9 @@ func (e *engine) envoyEvent(at int64, i int) {
 	if next := at + tm.everyNs; next < e.endNs {
 		e.events.push(next, evEnvoy, i)
 	}
+	if e.tier.observe != nil {
+		e.tier.observe(at, tm.region)
+	}
 }
 
 // envoyDecide serves a request of region through its Envoys, when the
@@ -525,6 +539,9 @@ func (e *engine) envoyDecide(at int64, region int, es *entryState, key int) bool
 	}
 	e.rec.Decision()
 	e.rec.Record(k, region, at/nsPerSec, 1, ok)
+	if e.tier.observe != nil {
+		e.tier.observe(at, region)
+	}
 	return true
 }
 
@@ -551,11 +568,15 @@ type EnvoyStats struct {
 	Envoys    []int
 	Reports   []int64 // Envoy to server messages
 	Responses []int64 // server to Envoy messages
+	// ActiveSec is the time the region's Envoys held at least one
+	// bucket, summed over its Envoys (an Envoy without a bucket sends
+	// nothing).
+	ActiveSec []float64
 }
 
 func (e *engine) envoyStats() EnvoyStats {
 	n := len(e.sc.Regions)
-	s := EnvoyStats{Envoys: make([]int, n), Reports: make([]int64, n), Responses: make([]int64, n)}
+	s := EnvoyStats{Envoys: make([]int, n), Reports: make([]int64, n), Responses: make([]int64, n), ActiveSec: make([]float64, n)}
 	if e.tier == nil {
 		return s
 	}
@@ -567,6 +588,11 @@ func (e *engine) envoyStats() EnvoyStats {
 		for _, env := range reg.envoys {
 			s.Reports[r] += env.reports
 			s.Responses[r] += env.responses
+			active := env.activeNs
+			if len(env.buckets) > 0 {
+				active += e.endNs - env.since
+			}
+			s.ActiveSec[r] += float64(active) / float64(nsPerSec)
 		}
 	}
 	return s
