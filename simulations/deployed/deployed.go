@@ -127,6 +127,9 @@ func Check(sc *simulations.Scenario) error {
 	if sc.Network.Loss+sc.Network.Duplicate > 1 {
 		add("network", "loss %v + duplicate %v: more than 1 (the broker draws one of them per report)", sc.Network.Loss, sc.Network.Duplicate)
 	}
+	if sc.Envoys != nil {
+		add("envoys", "the RLQS tier (Envoys) is simulated in virtual time only; run the scenario without --deployed")
+	}
 	if len(probs) > 0 {
 		return &simulations.ScenarioError{Problems: probs}
 	}

@@ -51,6 +51,9 @@ func Check(sc *simulations.Scenario) error {
 			add(fmt.Sprintf("policies[%d].subject", i), "ip is not supported in live mode (scenario keys are not addresses)")
 		}
 	}
+	if sc.Envoys != nil {
+		add("envoys", "the RLQS tier (Envoys) is simulated in virtual time only; run the scenario without --live")
+	}
 	if len(probs) > 0 {
 		return &simulations.ScenarioError{Problems: probs}
 	}
