@@ -333,3 +333,26 @@ func TestEnvoyUsageSurvivesStoreDown(t *testing.T) {
 	assert.LessOrEqual(t, usage, requests)
 	assert.GreaterOrEqual(t, usage, requests-2*50, "usage lost in the outage: %d of %d requests reached the region's usage", usage, requests)
 }
+
+// TestRLQSScenarioDeterministic: the same file and seed give the same
+// outputs byte for byte through the RLQS tier too (FORMAT.md).
+func TestRLQSScenarioDeterministic(t *testing.T) {
+	data, err := os.ReadFile("scenarios/rlqs-flash-crowd.json")
+	require.NoError(t, err)
+	sc, err := ParseScenario(data)
+	require.NoError(t, err)
+	var outs [2]map[string][]byte
+	for i := range outs {
+		rep, err := Run(context.Background(), sc, Options{})
+		require.NoError(t, err)
+		dir := t.TempDir()
+		require.NoError(t, rep.WriteFiles(dir))
+		outs[i] = map[string][]byte{}
+		for _, f := range []string{".windows.csv", ".seconds.csv"} {
+			b, err := os.ReadFile(dir + "/" + sc.Name + f)
+			require.NoError(t, err)
+			outs[i][f] = b
+		}
+	}
+	assert.Equal(t, outs[0], outs[1])
+}
