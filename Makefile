@@ -81,10 +81,11 @@ simulate:
 ## simulate-deployed: the scenarios deployed mode can run, on the shipped
 ## binaries (a network namespace per region, devkafka on its own host),
 ## time-compressed by TIME_SCALE and lightened by RATE_SCALE, each beside
-## its virtual-time run (needs root, ip, nft, redis-server; one run at a time)
+## its virtual-time run (needs root, ip, nft, redis-server; one run at a time);
+## the rlqs-* scenarios (Envoys) run in virtual time only
 TIME_SCALE ?= 5
 RATE_SCALE ?= 5
-DEPLOYED_SCENARIOS ?= $(filter-out %/fixed-window-replicated.json %/five-regions-lossy.json %/zipf-many-keys.json,$(wildcard simulations/scenarios/*.json))
+DEPLOYED_SCENARIOS ?= $(filter-out %/fixed-window-replicated.json %/five-regions-lossy.json %/zipf-many-keys.json %/rlqs-abrupt-shift.json %/rlqs-flash-crowd.json,$(wildcard simulations/scenarios/*.json))
 simulate-deployed: deps
 	mkdir -p out/bin
 	CGO_ENABLED=0 $(GO) build -o out/bin/quotient ./cmd/quotient

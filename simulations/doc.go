@@ -24,8 +24,14 @@
 // policies are parsed by limiter.ParsePolicy: they are product policy
 // documents.
 //
-// Nothing here re-implements the limiter, the share computation or the
-// daily-quota replication. The store_down fallback runs the limiter's own
+// A region with Envoys (scenario field envoys) serves its traffic through
+// the RLQS tier instead (envoys.go): N simulated Envoys with local token
+// buckets and the production rls/quota.Server, driven through quota.Conn
+// with the region's clock; the server's usage flushes become the region's
+// usage and it reads the coordinator's share records.
+//
+// Nothing here re-implements the limiter, the share computation, the
+// RLQS split or the daily-quota replication. The store_down fallback runs the limiter's own
 // CheckSubjectsFallbackAt.
 //
 // # The engine

@@ -52,6 +52,7 @@ const nsPerSec = int64(time.Second)
 const (
 	evSecond   uint8 = iota // end of a simulated second: sample shares
 	evDeliver               // the bus delivers a message
+	evEnvoy                 // the RLQS tier: a server tick or an Envoy's report (envoys.go)
 	evBoundary              // a region's epoch boundary
 	evWake                  // a coordinator's wake-up
 	evArrival               // a request arrives
@@ -251,6 +252,7 @@ type engine struct {
 	freeMsgs []int
 	busRng   *rand.Rand
 	named    []int
+	tier     *envoyTier // nil without envoys
 	err      error
 }
 
@@ -409,6 +411,9 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 		e.events.push(rs.nextBoundary, evBoundary, r)
 		e.regions = append(e.regions, rs)
 	}
+	if err := e.newEnvoyTier(); err != nil {
+		return nil, err
+	}
 	for i := range e.streams {
 		if t := e.streams[i].next(0); t >= 0 && t < e.endNs {
 			e.events.push(t, evArrival, i)
@@ -482,6 +487,8 @@ func (e *engine) run() error {
 			}
 		case evDeliver:
 			e.deliver(ev.at, int(ev.idx))
+		case evEnvoy:
+			e.envoyEvent(ev.at, int(ev.idx))
 		case evBoundary:
 			e.tick(ev.at, int(ev.idx), true)
 		case evWake:
@@ -548,6 +555,9 @@ func (e *engine) arrival(at int64, si int) {
 // decide runs one request through the region's limiter (or its fallback
 // while the store is down) and records it.
 func (e *engine) decide(at int64, region int, es *entryState, key int) {
+	if e.envoyDecide(at, region, es, key) {
+		return
+	}
 	rs := e.regions[region]
 	now := time.Unix(0, e.startNs+at+rs.skewNs)
 	ks := &es.keys[key]
@@ -645,6 +655,7 @@ func (e *engine) apply(at int64, r int, now time.Time, res TickResult) {
 	}
 	for _, u := range res.Shares {
 		rs.store.SetShare(now, u.Subject, u.Policy, u.RateMilli, u.BurstMilli, u.TTL)
+		e.envoyShare(at, r, u)
 		if k, ok := e.rec.Lookup(u.Subject.Value, u.Policy); ok && e.rec.keys[k].named {
 			exp := int64(math.MaxInt64)
 			if u.TTL > 0 {

@@ -46,6 +46,12 @@ type Scenario struct {
 	Policies []*limiter.Policy
 	Traffic  []Traffic
 	Target   Target
+	// Envoys is the number of Envoy proxies under each region, by index
+	// (nil, or 0 for a region: its traffic goes through gateways); see
+	// envoys.go.
+	Envoys []int
+	// EnvoyReportSec is the Envoys' reporting interval (default 1).
+	EnvoyReportSec float64
 }
 
 // Network is the bus model between regions' coordinators.
@@ -317,6 +323,7 @@ func ParseScenario(data []byte) (*Scenario, error) {
 var topFields = []string{
 	"name", "description", "seed", "duration_s", "regions", "epoch_s", "window_s", "warmup_s",
 	"network", "clock_skew_ms", "faults", "policies", "traffic", "target",
+	"envoys", "envoy_report_s",
 }
 
 func (p *parser) scenario(data []byte) *Scenario {
@@ -475,6 +482,7 @@ func (p *parser) scenario(data []byte) *Scenario {
 			}
 		}
 	}
+	p.envoyFields(f, sc, region, policyIndex)
 	return sc
 }
 

@@ -276,31 +276,21 @@ func (s *Server) response(acts []Action) *rlqsv3.RateLimitQuotaResponse {
 // stream ends with InvalidArgument naming the field for a malformed
 // report, NotFound for a bucket no rule matches (the message that carried
 // either changes nothing), and OK after Shutdown, once the TTL-0
-// assignments are sent.
+// assignments are sent. It runs the stream on a Conn.
 func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return status.Error(codes.Unavailable, "quota: the server is shutting down")
+	c, err := s.Open()
+	if err != nil {
+		return err
 	}
-	s.nextID++
-	id := s.nextID
-	ob := newOutbox()
-	s.streams[id] = ob
-	s.mu.Unlock()
-	s.mStreams.Inc()
-	defer s.mStreams.Dec()
-	defer s.disconnect(id)
+	defer c.Close()
 
 	recvErr := make(chan error, 1)
-	go func() { recvErr <- s.recvLoop(st.Context(), id, st) }()
+	go func() { recvErr <- c.recvLoop(st.Context(), st) }()
 	send := func() error {
-		acts := ob.take()
-		if len(acts) == 0 {
-			return nil
+		if resp := c.Take(); resp != nil {
+			return st.Send(resp)
 		}
-		s.mMsgs.Inc()
-		return st.Send(s.response(acts))
+		return nil
 	}
 	for {
 		select {
@@ -309,7 +299,7 @@ func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRat
 				return nil
 			}
 			return err
-		case <-ob.wake:
+		case <-c.ob.wake:
 			if err := send(); err != nil {
 				return err
 			}
@@ -319,6 +309,62 @@ func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRat
 	}
 }
 
+// Conn is one Envoy's stream as the server sees it, without the
+// transport: Receive hands the server one message of the Envoy, Take
+// returns what the server has to send it. StreamRateLimitQuotas runs
+// every gRPC stream on one; a caller that plays the transport itself (the
+// simulator, which drives Envoys in virtual time with the server's Clock
+// and Tick) uses the same code. Receive and Take may be called from
+// different goroutines; Close once, after the last Receive.
+type Conn struct {
+	s      *Server
+	id     EnvoyID
+	ob     *outbox
+	domain string // set by the stream's first message
+}
+
+// Open starts a stream. It fails with Unavailable after Shutdown.
+func (s *Server) Open() (*Conn, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "quota: the server is shutting down")
+	}
+	s.nextID++
+	c := &Conn{s: s, id: s.nextID, ob: newOutbox()}
+	s.streams[c.id] = c.ob
+	s.mu.Unlock()
+	s.mStreams.Inc()
+	return c, nil
+}
+
+// Receive applies one message of the Envoy, at the server's clock. An
+// error (InvalidArgument naming the field, NotFound for a bucket no rule
+// matches) ends the stream on the gRPC path; the message that carried it
+// changed nothing.
+func (c *Conn) Receive(ctx context.Context, msg *rlqsv3.RateLimitQuotaUsageReports) error {
+	return c.s.handle(ctx, c.id, &c.domain, msg)
+}
+
+// Take returns the bucket actions pending for the Envoy as one response
+// message (the latest action per bucket), or nil when none is pending.
+// The caller owns the message.
+func (c *Conn) Take() *rlqsv3.RateLimitQuotaResponse {
+	acts := c.ob.take()
+	if len(acts) == 0 {
+		return nil
+	}
+	c.s.mMsgs.Inc()
+	return c.s.response(acts)
+}
+
+// Close ends the stream: the Envoy's grants stay reserved until they run
+// out, and its buckets are re-split among the others.
+func (c *Conn) Close() {
+	c.s.disconnect(c.id)
+	c.s.mStreams.Dec()
+}
+
 func (s *Server) disconnect(id EnvoyID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -326,14 +372,13 @@ func (s *Server) disconnect(id EnvoyID) {
 	s.dispatch(s.core.Disconnect(s.clock.Now(), id))
 }
 
-func (s *Server) recvLoop(ctx context.Context, id EnvoyID, st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
-	var domain string
+func (c *Conn) recvLoop(ctx context.Context, st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	for {
 		msg, err := st.Recv()
 		if err != nil {
 			return err
 		}
-		if err := s.handle(ctx, id, &domain, msg); err != nil {
+		if err := c.Receive(ctx, msg); err != nil {
 			return err
 		}
 	}

@@ -110,7 +110,8 @@ func (s Stats) Faithful() (bool, string) {
 // (UTC-aligned windows of the real clock; a scaled window would not start
 // with the run), loss and duplication that add up to more than 1 (the
 // broker draws one per report, see the package doc), subjects other than
-// api_key and account.
+// api_key and account, and envoys (the RLQS tier runs in virtual time
+// only).
 func Check(sc *simulations.Scenario) error {
 	var probs []simulations.Problem
 	add := func(path, format string, args ...any) {
@@ -126,6 +127,9 @@ func Check(sc *simulations.Scenario) error {
 	}
 	if sc.Network.Loss+sc.Network.Duplicate > 1 {
 		add("network", "loss %v + duplicate %v: more than 1 (the broker draws one of them per report)", sc.Network.Loss, sc.Network.Duplicate)
+	}
+	if sc.Envoys != nil {
+		add("envoys", "the RLQS tier (Envoys) is simulated in virtual time only; run the scenario without --deployed")
 	}
 	if len(probs) > 0 {
 		return &simulations.ScenarioError{Problems: probs}

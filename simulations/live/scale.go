@@ -15,7 +15,8 @@ import (
 // Live mode v1 runs the regions, epoch, windows, duration, token_bucket
 // and leaky_bucket policies on api_key, account or user subjects, and every
 // traffic entry. It rejects network loss, duplication and partitions,
-// clock skew, faults, fixed-window policies and ip subjects. Network
+// clock skew, faults, fixed-window policies, ip subjects and envoys (the
+// RLQS tier runs in virtual time only). Network
 // latency and jitter are accepted but not injected: reports travel over
 // the real broker on loopback, with its own latency.
 func Check(sc *simulations.Scenario) error {
@@ -50,6 +51,9 @@ func Check(sc *simulations.Scenario) error {
 		if p.Subject == limiter.SubjectIP {
 			add(fmt.Sprintf("policies[%d].subject", i), "ip is not supported in live mode (scenario keys are not addresses)")
 		}
+	}
+	if sc.Envoys != nil {
+		add("envoys", "the RLQS tier (Envoys) is simulated in virtual time only; run the scenario without --live")
 	}
 	if len(probs) > 0 {
 		return &simulations.ScenarioError{Problems: probs}
