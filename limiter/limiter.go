@@ -640,13 +640,16 @@ func (l *Limiter) finish(ctx context.Context, now, start time.Time, pols []*Poli
 	return nil
 }
 
-// CheckSubjectAt evaluates the given policies for one subject at now,
+// The raw paths below are not part of the public API: this module's
+// simulator, the coordinator's usage endpoint and tests reach them through
+// internal/rawcheck, with which rawhooks.go registers them.
+
+// checkSubjectAt evaluates the given policies for one subject at now,
 // bypassing policy selection, with one cost for all of them (0 peeks). It
 // is the raw path: one store call, with none of the resilience layer (no
-// deadline, breaker, fallback or deny cache), no usage counting, metrics
-// or events; a store error is returned with a zero Decision. The simulator
-// and tools use it; gateways use Check.
-func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Subject, policies []*Policy, cost int64) (Decision, error) {
+// deadline, breaker, fallback or deny cache), no usage counting, metrics,
+// events or overrides; a store error is returned with a zero Decision.
+func (l *Limiter) checkSubjectAt(ctx context.Context, now time.Time, subject Subject, policies []*Policy, cost int64) (Decision, error) {
 	for i, p := range policies {
 		if p == nil || !p.validated {
 			return Decision{}, fmt.Errorf("%w: policies[%d]", ErrNoPolicies, i)
@@ -664,13 +667,13 @@ func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Sub
 	return d, nil
 }
 
-// CheckSubjectsAt is CheckSubjectAt for several subjects of one request
+// checkSubjectsAt is checkSubjectAt for several subjects of one request
 // (the simulator's requests that several subjects limit): one store
 // decision, all or nothing across the subjects as in Check, with one cost
 // for every policy (0 peeks), and none of the resilience layer, usage,
-// metrics or events. Errors: those of CheckSubjectsInto's checks, and a
-// store error with a zero Decision.
-func (l *Limiter) CheckSubjectsAt(ctx context.Context, now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
+// metrics, events or overrides. Errors: those of CheckSubjectsInto's
+// checks, and a store error with a zero Decision.
+func (l *Limiter) checkSubjectsAt(ctx context.Context, now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
 	pols, subjs, err := l.flatten(subjects, now, false)
 	if err != nil {
 		return Decision{}, err
@@ -686,10 +689,13 @@ func (l *Limiter) CheckSubjectsAt(ctx context.Context, now time.Time, subjects [
 	return d, nil
 }
 
-// CheckSubjectsFallbackAt is CheckSubjectFallbackAt for several subjects
-// of one request: the in-process fallback decides them together, all or
-// nothing across them.
-func (l *Limiter) CheckSubjectsFallbackAt(now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
+// checkSubjectsFallbackAt answers the policies of several subjects of one
+// request at now as Check does while the store cannot answer: each
+// policy's on_store_failure decides (open and local through in-process
+// limiters at now, closed rejects with FailedClosed set), all or nothing
+// across the subjects. It skips usage counting, metrics, events and
+// overrides. The simulator models a store outage with it.
+func (l *Limiter) checkSubjectsFallbackAt(now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
 	pols, subjs, err := l.flatten(subjects, now, false)
 	if err != nil {
 		return Decision{}, err
@@ -701,30 +707,6 @@ func (l *Limiter) CheckSubjectsFallbackAt(now time.Time, subjects []SubjectPolic
 	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(pols))}
 	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
 	d.Allowed = l.fb.decide(now, subjs, pols, costs, closedRetry, d.Policies)
-	foldDelay(&d, d.Policies)
-	return d, nil
-}
-
-// CheckSubjectFallbackAt answers the given policies for one subject at now
-// as Check does while the store cannot answer: each policy's
-// on_store_failure decides (open and local through in-process limiters at
-// now, closed rejects with FailedClosed set). Like CheckSubjectAt it skips
-// usage counting, metrics and events. The simulator uses it to model a
-// store outage with the production fallback code.
-func (l *Limiter) CheckSubjectFallbackAt(now time.Time, subject Subject, policies []*Policy, cost int64) (Decision, error) {
-	for i, p := range policies {
-		if p == nil || !p.validated {
-			return Decision{}, fmt.Errorf("%w: policies[%d]", ErrNoPolicies, i)
-		}
-	}
-	costs := make([]int64, len(policies))
-	subjs := make([]Subject, len(policies))
-	for i := range policies {
-		costs[i], subjs[i] = cost, subject
-	}
-	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(policies))}
-	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
-	d.Allowed = l.fb.decide(now, subjs, policies, costs, closedRetry, d.Policies)
 	foldDelay(&d, d.Policies)
 	return d, nil
 }
