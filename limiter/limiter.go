@@ -250,7 +250,10 @@ type Limiter struct {
 var ErrNoPolicies = errors.New("limiter: policy not validated")
 
 // New returns a Limiter enforcing policies, which must come from
-// ParsePolicies or have passed Validate. It fails when cfg is invalid or
+// ParsePolicies or have passed Validate. The Limiter keeps deep copies of
+// them (see SetPolicies): changing a policy after New changes nothing the
+// Limiter decides. It fails when cfg is invalid, when a policy is not
+// validated (ErrNoPolicies) or no longer valid (ErrInvalidPolicy), or when
 // its metrics cannot be registered.
 func New(cfg Config, policies []*Policy) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
@@ -297,15 +300,29 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 }
 
 // SetPolicies replaces the policy set atomically. Policies must be
-// validated; on error the old set stays in force. The deny cache and the
-// fallback limiters are cleared, so a loosened policy takes effect at once.
+// validated (ParsePolicies, ParsePolicy or Policy.Validate); on error the
+// old set stays in force. The limiter keeps its own deep copy of each
+// policy, validated again as copied (so a policy changed after its
+// Validate is refused with the error naming policies[i]), and decides
+// with the copies only: the caller may change or reuse the policies and
+// the slice afterwards without changing anything the limiter decides.
+// Policies and PolicyDecision.Policy return the copies. The deny cache and
+// the fallback limiters are cleared, so a loosened policy takes effect at
+// once. Safe for concurrent use with every other method.
 func (l *Limiter) SetPolicies(policies []*Policy) error {
+	cp := make([]*Policy, len(policies))
 	for i, p := range policies {
 		if p == nil || !p.validated {
 			return fmt.Errorf("%w: policies[%d]", ErrNoPolicies, i)
 		}
+		c := p.clone()
+		var pr problems
+		c.validate(fmt.Sprintf("policies[%d]", i), &pr)
+		if err := pr.err(); err != nil {
+			return err
+		}
+		cp[i] = c
 	}
-	cp := append([]*Policy(nil), policies...)
 	l.policies.Store(&cp)
 	if l.deny != nil {
 		l.deny.clear()
@@ -315,7 +332,9 @@ func (l *Limiter) SetPolicies(policies []*Policy) error {
 	return nil
 }
 
-// Policies returns the policy set in force. The caller must not modify it.
+// Policies returns the policy set in force: the limiter's own copies (see
+// SetPolicies), shared with every decision. The caller must not modify
+// them or the slice; to change a policy, pass a new set to SetPolicies.
 func (l *Limiter) Policies() []*Policy { return *l.policies.Load() }
 
 // Now is the limiter's clock time.
@@ -357,7 +376,11 @@ const (
 
 // PolicyDecision is one policy's part of a Decision.
 type PolicyDecision struct {
-	// Policy is the policy evaluated (shared; do not modify).
+	// Policy is the policy evaluated: for a policy of the limiter's set,
+	// the limiter's own copy (the pointer Policies returns, not the one
+	// given to New or SetPolicies); for one passed to a call (AllowN,
+	// CheckSubjectsInto) or returned by Overrides, that policy. Shared
+	// with other decisions: do not modify it.
 	Policy *Policy
 	// Subject is what the policy counted.
 	Subject Subject
