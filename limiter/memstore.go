@@ -320,7 +320,8 @@ func (m *MemoryStore) SetShare(now time.Time, subject Subject, policyID string, 
 	subj.shares = append(subj.shares, val)
 }
 
-// Len is the number of live policy states held, for tests and metrics.
+// Len is the number of policy states held (expired ones not yet swept
+// included): what the store's memory grows with. Safe for concurrent use.
 func (m *MemoryStore) Len() int {
 	n := 0
 	for i := range m.shards {
