@@ -133,3 +133,24 @@ func TestFallbackSharedByCopyAndCallersPolicy(t *testing.T) {
 	}
 	assert.Equal(t, 10, admitted)
 }
+
+// BenchmarkFallbackDecide is one request of two policies (a key's bucket,
+// an account's window) answered by the in-process fallback, the path every
+// request takes while the store is down.
+func BenchmarkFallbackDecide(b *testing.B) {
+	ps := mustPolicies(b, copyPolicies)
+	l, err := New(Config{Clock: newManualClock()}, ps)
+	require.NoError(b, err)
+	ps = l.Policies()
+	now := l.Now()
+	req := []SubjectPolicies{
+		{Subject: Subject{Kind: SubjectAPIKey, Value: "k"}, Policies: ps[:1]},
+		{Subject: Subject{Kind: SubjectAccount, Value: "acme"}, Policies: ps[1:]},
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := l.checkSubjectsFallbackAt(now.Add(time.Duration(i)*time.Second), req, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
