@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quotientlabs/quotient/dailyquota"
+	"github.com/quotientlabs/quotient/internal/rawcheck"
 	"github.com/quotientlabs/quotient/limiter"
 )
 
@@ -145,7 +146,7 @@ var testSubject = limiter.Subject{Kind: limiter.SubjectAccount, Value: "acme"}
 
 // admit asks region i for cost at the harness time.
 func (h *harness) admit(i int, cost int64) bool {
-	d, err := h.regions[i].lim.CheckSubjectAt(context.Background(), h.now, testSubject, []*limiter.Policy{h.pol}, cost)
+	d, err := rawcheck.CheckSubjectAt(h.regions[i].lim, context.Background(), h.now, testSubject, []*limiter.Policy{h.pol}, cost)
 	require.NoError(h.t, err)
 	return d.Allowed
 }

@@ -39,7 +39,7 @@ func runTimeline(t *testing.T, store Store, p *Policy, steps []step) {
 	require.NoError(t, err)
 	subj := Subject{Kind: SubjectAPIKey, Value: "key-1"}
 	for i, s := range steps {
-		d, err := l.CheckSubjectAt(context.Background(), at(s.ms), subj, []*Policy{p}, s.cost)
+		d, err := l.checkSubjectAt(context.Background(), at(s.ms), subj, []*Policy{p}, s.cost)
 		require.NoError(t, err)
 		require.Len(t, d.Policies, 1)
 		pd := d.Policies[0]
@@ -126,7 +126,7 @@ func TestSlidingWindowCounterSeedExample(t *testing.T) {
 	subj := Subject{Kind: SubjectAPIKey, Value: "k"}
 	ctx := context.Background()
 	check := func(ms, cost int64) PolicyDecision {
-		d, err := l.CheckSubjectAt(ctx, at(ms), subj, []*Policy{p}, cost)
+		d, err := l.checkSubjectAt(ctx, at(ms), subj, []*Policy{p}, cost)
 		require.NoError(t, err)
 		return d.Policies[0]
 	}

@@ -162,7 +162,7 @@ func peek(t *testing.T, l *Limiter, subj Subject, id string) PolicyDecision {
 	t.Helper()
 	for _, p := range l.Policies() {
 		if p.ID == id {
-			d, err := l.CheckSubjectAt(context.Background(), l.Now(), subj, []*Policy{p}, 0)
+			d, err := l.checkSubjectAt(context.Background(), l.Now(), subj, []*Policy{p}, 0)
 			require.NoError(t, err)
 			return d.Policies[0]
 		}
@@ -344,7 +344,7 @@ func TestAllOrNothingFallback(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 16, admitted, "the account's fallback admits 16")
-	d, err := l.CheckSubjectFallbackAt(l.Now(), Subject{Kind: SubjectAPIKey, Value: "k"}, l.Policies()[:1], 0)
+	d, err := l.checkSubjectFallbackAt(l.Now(), Subject{Kind: SubjectAPIKey, Value: "k"}, l.Policies()[:1], 0)
 	require.NoError(t, err)
 	assert.Equal(t, int64(40-16), d.Policies[0].Remaining, "the key's fallback spent only the admitted requests")
 }
@@ -506,13 +506,13 @@ func TestCheckSubjectsAtRaw(t *testing.T) {
 	}
 	var got []bool
 	for range 8 {
-		d, err := l.CheckSubjectsAt(ctx, l.Now(), req("k3"), 1)
+		d, err := l.checkSubjectsAt(ctx, l.Now(), req("k3"), 1)
 		require.NoError(t, err)
 		got = append(got, d.Allowed)
 	}
 	assert.Equal(t, []bool{true, true, true, true, true, false, false, false}, got)
 	for i := range 4 {
-		d, err := l.CheckSubjectsAt(ctx, l.Now(), req("k4"), 1)
+		d, err := l.checkSubjectsAt(ctx, l.Now(), req("k4"), 1)
 		require.NoError(t, err)
 		assert.Equal(t, i < 3, d.Allowed, "k4 request %d", i)
 	}
@@ -520,14 +520,14 @@ func TestCheckSubjectsAtRaw(t *testing.T) {
 	// (5 x 2) after 10; k5 spends 10, then k6 gets the account's last 6.
 	got = got[:0]
 	for _, k := range []string{"k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5", "k5"} {
-		d, err := l.CheckSubjectsFallbackAt(l.Now(), req(k), 1)
+		d, err := l.checkSubjectsFallbackAt(l.Now(), req(k), 1)
 		require.NoError(t, err)
 		got = append(got, d.Allowed)
 	}
 	assert.Equal(t, append(repeat2(true, 10), false, false), got)
 	admitted := 0
 	for range 10 {
-		d, err := l.CheckSubjectsFallbackAt(l.Now(), req("k6"), 1)
+		d, err := l.checkSubjectsFallbackAt(l.Now(), req("k6"), 1)
 		require.NoError(t, err)
 		if d.Allowed {
 			admitted++

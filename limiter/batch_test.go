@@ -107,11 +107,11 @@ func TestScriptBatchDecidesInOrder(t *testing.T) {
 	// The state left: one more request of each subject, alone.
 	for _, subj := range []Subject{a, b} {
 		after := at.Add(1600 * time.Millisecond)
-		d, err := lr.CheckSubjectAt(context.Background(), after, subj, lr.Policies(), 1)
+		d, err := lr.checkSubjectAt(context.Background(), after, subj, lr.Policies(), 1)
 		require.NoError(t, err)
 		lm, err := New(Config{Store: ms}, lr.Policies())
 		require.NoError(t, err)
-		dm, err := lm.CheckSubjectAt(context.Background(), after, subj, lm.Policies(), 1)
+		dm, err := lm.checkSubjectAt(context.Background(), after, subj, lm.Policies(), 1)
 		require.NoError(t, err)
 		require.Equal(t, dm.Allowed, d.Allowed, subj.Value)
 		for j := range d.Policies {
@@ -239,7 +239,7 @@ func TestPipelinedCheckEndsAtTheDeadline(t *testing.T) {
 	unpause()
 	// One worker takes calls in order: when this one is answered, the
 	// late call was either sent or dropped.
-	after, err := l.CheckSubjectAt(ctx, time.Now(), Subject{Kind: SubjectAPIKey, Value: "after"}, l.Policies(), 1)
+	after, err := l.checkSubjectAt(ctx, time.Now(), Subject{Kind: SubjectAPIKey, Value: "after"}, l.Policies(), 1)
 	require.NoError(t, err)
 	require.True(t, after.Allowed)
 	n, err := srv.Client().Exists(ctx, StateKey(Subject{Kind: SubjectAPIKey, Value: "late"}, l.Policies()[0])).Result()

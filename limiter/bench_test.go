@@ -325,7 +325,7 @@ func BenchmarkBucketMemory(b *testing.B) {
 	subj := Subject{Kind: SubjectAPIKey, Value: "k_8f2a4c1d9e7b6a5f3c2d1e0f9a8b7c6d"}
 	var bytes int64
 	for range b.N {
-		_, err := l.CheckSubjectAt(ctx, time.Now(), subj, l.Policies(), 1)
+		_, err := l.checkSubjectAt(ctx, time.Now(), subj, l.Policies(), 1)
 		require.NoError(b, err)
 		bytes, err = client.MemoryUsage(ctx, StateKey(subj, l.Policies()[0])).Result()
 		require.NoError(b, err)
@@ -384,7 +384,7 @@ func TestBucketMemoryBudget(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	subj := Subject{Kind: SubjectAPIKey, Value: "k_8f2a4c1d9e7b6a5f3c2d1e0f9a8b7c6d"}
-	_, err = l.CheckSubjectAt(ctx, time.Now(), subj, l.Policies(), 1)
+	_, err = l.checkSubjectAt(ctx, time.Now(), subj, l.Policies(), 1)
 	require.NoError(t, err)
 	key := StateKey(subj, l.Policies()[0])
 	bytes, err := client.MemoryUsage(ctx, key).Result()

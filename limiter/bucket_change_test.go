@@ -64,7 +64,7 @@ func runChanges(t *testing.T, regions int, steps []change) {
 				if s.share != nil {
 					bs.setShare(t, at(s.ms), subj, s.p.ID, s.share[0], s.share[1])
 				}
-				d, err := l.CheckSubjectAt(context.Background(), at(s.ms), subj, []*Policy{s.p}, s.cost)
+				d, err := l.checkSubjectAt(context.Background(), at(s.ms), subj, []*Policy{s.p}, s.cost)
 				require.NoError(t, err, "step %d", i)
 				pd := d.Policies[0]
 				assert.Equal(t, s.allowed, d.Allowed, "step %d (t=%dms cost %d): allowed", i, s.ms, s.cost)
@@ -202,7 +202,7 @@ func TestBucketStateBeforeTokens(t *testing.T) {
 	ctx := context.Background()
 	// Full again 1.5 s after t0: 15 tokens missing.
 	require.NoError(t, client.Set(ctx, StateKey(subj, p), at(1_500).UnixMicro(), time.Minute).Err())
-	d, err := l.CheckSubjectAt(ctx, at(0), subj, []*Policy{p}, 1)
+	d, err := l.checkSubjectAt(ctx, at(0), subj, []*Policy{p}, 1)
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
 	assert.Equal(t, int64(4), d.Policies[0].Remaining)
@@ -251,7 +251,7 @@ func TestBucketAgainstNaiveReference(t *testing.T) {
 				tokens = capN // the state expired: full, as the rate of its write had it
 			}
 			cost := pick[int64](rng, 0, 1, 1, 2, 5, 20)
-			d, err := l.CheckSubjectAt(context.Background(), at(nowMs), subj, []*Policy{p}, cost)
+			d, err := l.checkSubjectAt(context.Background(), at(nowMs), subj, []*Policy{p}, cost)
 			require.NoError(t, err)
 			wantAdmit := cost*1000 <= burstMilli && tokens >= cost*nano
 			if wantAdmit && cost > 0 {
@@ -287,11 +287,11 @@ func TestHugeCostIsNever(t *testing.T) {
 		l, err := New(Config{Region: "us-east"}, []*Policy{p})
 		require.NoError(t, err)
 		subj := Subject{Kind: SubjectAPIKey, Value: "k"}
-		d, err := l.CheckSubjectAt(context.Background(), at(0), subj, []*Policy{p}, 1) // state to add to
+		d, err := l.checkSubjectAt(context.Background(), at(0), subj, []*Policy{p}, 1) // state to add to
 		require.NoError(t, err)
 		require.True(t, d.Allowed, p.ID)
 		for _, cost := range []int64{math.MaxInt64 / 999, math.MaxInt64/1000 + 1, math.MaxInt64 - 1, math.MaxInt64} {
-			d, err := l.CheckSubjectAt(context.Background(), at(0), subj, []*Policy{p}, cost)
+			d, err := l.checkSubjectAt(context.Background(), at(0), subj, []*Policy{p}, cost)
 			require.NoError(t, err)
 			require.False(t, d.Allowed, "%s: cost %d", p.ID, cost)
 			require.True(t, d.Policies[0].Never, "%s: cost %d", p.ID, cost)

@@ -173,9 +173,9 @@ func extremes(t *testing.T, rng *rand.Rand, algo Algorithm, monthly bool, redisS
 		}
 		capacity := set[0].Capacity()
 		cost := pick[int64](rng, 0, 1, 1, 1, 2, 3, 10, 1000, 1_000_000, MaxCost, capacity, capacity+1, max(1, capacity/2))
-		dr, err := lr.CheckSubjectAt(ctx, now, subj, set, cost)
+		dr, err := lr.checkSubjectAt(ctx, now, subj, set, cost)
 		require.NoError(t, err, "step %d", step)
-		dm, err := lm.CheckSubjectAt(ctx, now, subj, set, cost)
+		dm, err := lm.checkSubjectAt(ctx, now, subj, set, cost)
 		require.NoError(t, err, "step %d", step)
 		require.Equal(t, dm, dr, "step %d: %s at %s cost %d, policies %v", step, subj.Key(), now.Format(time.RFC3339Nano), cost, ids(set))
 		if dm.Allowed {
@@ -278,7 +278,7 @@ func serverTimeSequence(t *testing.T, client redis.UniversalClient) {
 		set := []*Policy{policies[rng.IntN(2)], policies[2+rng.IntN(2)]}
 		cost := pick[int64](rng, 0, 1, 1, 2, 3)
 		t1 := redisNow(t, client)
-		dr, err := lr.CheckSubjectAt(ctx, t1, subj, set, cost)
+		dr, err := lr.checkSubjectAt(ctx, t1, subj, set, cost)
 		require.NoError(t, err)
 		t2 := redisNow(t, client)
 		if s1, _ := set[1].WindowAt(t1); !s1.Equal(func() time.Time { s, _ := set[1].WindowAt(t2); return s }()) {
@@ -287,7 +287,7 @@ func serverTimeSequence(t *testing.T, client redis.UniversalClient) {
 			t.Logf("step %d straddles the end of %s's window; stopping", step, set[1].ID)
 			break
 		}
-		dm, err := lm.CheckSubjectAt(ctx, t1, subj, set, cost)
+		dm, err := lm.checkSubjectAt(ctx, t1, subj, set, cost)
 		require.NoError(t, err)
 		requireAlikeWithin(t, dm, dr, t1, t2, fmt.Sprintf("step %d cost %d %v", step, cost, ids(set)))
 		compared++
@@ -332,7 +332,7 @@ func serverTimeExpiry(t *testing.T, client redis.UniversalClient) {
 	for attempt := 0; rounds < 3; attempt++ {
 		require.Less(t, attempt, 10, "too many rounds straddled a window's end")
 		t1 := redisNow(t, client)
-		dr, err := lr.CheckSubjectAt(ctx, t1, subj, policies, 2)
+		dr, err := lr.checkSubjectAt(ctx, t1, subj, policies, 2)
 		require.NoError(t, err)
 		t2 := redisNow(t, client)
 		s1, _ := policies[2].WindowAt(t1)
@@ -342,17 +342,17 @@ func serverTimeExpiry(t *testing.T, client redis.UniversalClient) {
 			waitGone(t, client, keys...)
 			continue
 		}
-		dm, err := lm.CheckSubjectAt(ctx, t1, subj, policies, 2)
+		dm, err := lm.checkSubjectAt(ctx, t1, subj, policies, 2)
 		require.NoError(t, err)
 		requireAlikeWithin(t, dm, dr, t1, t2, fmt.Sprintf("round %d: fresh", rounds))
 		require.True(t, dr.Allowed, "round %d: fresh keys admit the whole burst", rounds)
 		// Everything is spent; Redis's clock alone removes the keys.
 		waitGone(t, client, keys...)
 		t3 := redisNow(t, client)
-		dr, err = lr.CheckSubjectAt(ctx, t3, subj, policies, 0)
+		dr, err = lr.checkSubjectAt(ctx, t3, subj, policies, 0)
 		require.NoError(t, err)
 		t4 := redisNow(t, client)
-		dm, err = lm.CheckSubjectAt(ctx, t3, subj, policies, 0)
+		dm, err = lm.checkSubjectAt(ctx, t3, subj, policies, 0)
 		require.NoError(t, err)
 		requireAlikeWithin(t, dm, dr, t3, t4, fmt.Sprintf("round %d: after expiry", rounds))
 		for _, pd := range dr.Policies {

@@ -186,9 +186,9 @@ func differential(t *testing.T, rng *rand.Rand, algo Algorithm, monthly bool, re
 		default:
 			cost = 1 + rng.Int64N(4)
 		}
-		dr, err := lr.CheckSubjectAt(ctx, now, subj, set, cost)
+		dr, err := lr.checkSubjectAt(ctx, now, subj, set, cost)
 		require.NoError(t, err, "step %d", step)
-		dm, err := lm.CheckSubjectAt(ctx, now, subj, set, cost)
+		dm, err := lm.checkSubjectAt(ctx, now, subj, set, cost)
 		require.NoError(t, err, "step %d", step)
 		require.Equal(t, dm, dr, "step %d: %s at %s cost %d, policies %v", step, subj.Key(), now.Format(time.RFC3339Nano), cost, ids(set))
 		if dm.Allowed {

@@ -99,9 +99,11 @@
 // load and misses its deadline.
 //
 // Decision.Source says which path answered. Check never returns a store
-// error (the fallback answers); CheckSubjectAt is the raw path without any
-// of this, for the simulator and tools. The MemoryStore cannot fail and
-// skips the layer.
+// error (the fallback answers). The raw paths without any of this (one
+// store call at a given time, or the fallback on its own), which the
+// simulator and the coordinator's usage endpoint use, are not part of this
+// API: they live in this module's internal/rawcheck. The MemoryStore cannot
+// fail and skips the layer.
 //
 // # Usage of global policies
 //

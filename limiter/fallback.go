@@ -61,7 +61,6 @@ type fallback struct {
 // algorithm's op with the fallback's parameters, and its state (nil until
 // the first admission, or once expired).
 type fallbackLimiter struct {
-	policy   *Policy
 	op       op
 	st       *state
 	expireMs int64 // when st expires (ms)
@@ -110,16 +109,22 @@ func (f *fallback) fallbackOp(p *Policy) op {
 	return o
 }
 
-// get returns the limiter of (p, subject), creating it empty.
+// get returns the limiter of (p, subject), creating it empty, or anew
+// when p's fallback op differs from the one the limiter was made for (an
+// override, an edited policy). Limiters are told apart by what they
+// compute, not by the *Policy: the limiter's own copy of a policy (Check)
+// and the caller's (Allow, CheckSubjectsInto) share one limiter, and a
+// policy changed after its limiter was made never runs a stale op.
 func (f *fallback) get(k denyKey, p *Policy, now time.Time) *fallbackLimiter {
+	o := f.fallbackOp(p)
 	fl := f.lims[k]
-	if fl != nil && fl.policy == p {
+	if fl != nil && fl.op == o {
 		return fl
 	}
 	if fl == nil && len(f.lims) >= f.maxKeys {
 		f.evict(now)
 	}
-	fl = &fallbackLimiter{policy: p, op: f.fallbackOp(p)}
+	fl = &fallbackLimiter{op: o}
 	f.lims[k] = fl
 	return fl
 }

@@ -50,7 +50,7 @@ func TestFallbackLeakyBucketStillShapes(t *testing.T) {
 	// A shadow leaky bucket never delays.
 	ps := mustPolicies(t, `[{"id":"shadow","mode":"shadow","algorithm":"leaky_bucket","rate_per_sec":5,"burst":10}]`)
 	for range 3 {
-		d, err := l.CheckSubjectFallbackAt(at(0), Subject{Kind: SubjectAPIKey, Value: "s"}, ps, 1)
+		d, err := l.checkSubjectFallbackAt(at(0), Subject{Kind: SubjectAPIKey, Value: "s"}, ps, 1)
 		require.NoError(t, err)
 		assert.True(t, d.Allowed)
 		assert.Zero(t, d.Delay)
@@ -78,7 +78,7 @@ func TestFallbackWindowsKeepTheirWindows(t *testing.T) {
 		var last Decision
 		got := 0
 		for range n {
-			d, err := l.CheckSubjectFallbackAt(at(ms), subj, []*Policy{p}, 1)
+			d, err := l.checkSubjectFallbackAt(at(ms), subj, []*Policy{p}, 1)
 			require.NoError(t, err)
 			require.Equal(t, SourceFallback, d.Source)
 			if d.Allowed {
@@ -130,17 +130,17 @@ func TestFallbackTimeNeverGoesBack(t *testing.T) {
 	l, err := New(Config{}, ps)
 	require.NoError(t, err)
 	subj := Subject{Kind: SubjectAPIKey, Value: "k"}
-	d, err := l.CheckSubjectFallbackAt(at(3), subj, ps, 1)
+	d, err := l.checkSubjectFallbackAt(at(3), subj, ps, 1)
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	assert.Zero(t, d.Delay)
 	for k := 1; k < 20; k++ {
-		d, err := l.CheckSubjectFallbackAt(at(0), subj, ps, 1)
+		d, err := l.checkSubjectFallbackAt(at(0), subj, ps, 1)
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "request %d", k)
 		assert.Equal(t, time.Duration(k)*100*time.Millisecond, d.Delay, "request %d", k)
 	}
-	d, err = l.CheckSubjectFallbackAt(at(0), subj, ps, 1)
+	d, err = l.checkSubjectFallbackAt(at(0), subj, ps, 1)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed, "the queue holds 20")
 }

@@ -20,7 +20,7 @@ func TestCheckSubjectFallbackAt(t *testing.T) {
 	// quota fails open onto twice the burst: 10 at once, then refused.
 	admitted := 0
 	for range 12 {
-		d, err := l.CheckSubjectFallbackAt(at(0), subj, ps[:1], 1)
+		d, err := l.checkSubjectFallbackAt(at(0), subj, ps[:1], 1)
 		require.NoError(t, err)
 		assert.Equal(t, SourceFallback, d.Source)
 		if d.Allowed {
@@ -29,12 +29,12 @@ func TestCheckSubjectFallbackAt(t *testing.T) {
 	}
 	assert.Equal(t, 10, admitted)
 	// 100 ms later twice the rate (20/s) has refilled 2.
-	d, err := l.CheckSubjectFallbackAt(at(100), subj, ps[:1], 2)
+	d, err := l.checkSubjectFallbackAt(at(100), subj, ps[:1], 2)
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
 
 	// security fails closed.
-	d, err = l.CheckSubjectFallbackAt(at(100), subj, ps[1:], 1)
+	d, err = l.checkSubjectFallbackAt(at(100), subj, ps[1:], 1)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	assert.True(t, d.FailedClosed())

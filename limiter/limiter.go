@@ -250,7 +250,10 @@ type Limiter struct {
 var ErrNoPolicies = errors.New("limiter: policy not validated")
 
 // New returns a Limiter enforcing policies, which must come from
-// ParsePolicies or have passed Validate. It fails when cfg is invalid or
+// ParsePolicies or have passed Validate. The Limiter keeps deep copies of
+// them (see SetPolicies): changing a policy after New changes nothing the
+// Limiter decides. It fails when cfg is invalid, when a policy is not
+// validated (ErrNoPolicies) or no longer valid (ErrInvalidPolicy), or when
 // its metrics cannot be registered.
 func New(cfg Config, policies []*Policy) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
@@ -297,15 +300,29 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 }
 
 // SetPolicies replaces the policy set atomically. Policies must be
-// validated; on error the old set stays in force. The deny cache and the
-// fallback limiters are cleared, so a loosened policy takes effect at once.
+// validated (ParsePolicies, ParsePolicy or Policy.Validate); on error the
+// old set stays in force. The limiter keeps its own deep copy of each
+// policy, validated again as copied (so a policy changed after its
+// Validate is refused with the error naming policies[i]), and decides
+// with the copies only: the caller may change or reuse the policies and
+// the slice afterwards without changing anything the limiter decides.
+// Policies and PolicyDecision.Policy return the copies. The deny cache and
+// the fallback limiters are cleared, so a loosened policy takes effect at
+// once. Safe for concurrent use with every other method.
 func (l *Limiter) SetPolicies(policies []*Policy) error {
+	cp := make([]*Policy, len(policies))
 	for i, p := range policies {
 		if p == nil || !p.validated {
 			return fmt.Errorf("%w: policies[%d]", ErrNoPolicies, i)
 		}
+		c := p.clone()
+		var pr problems
+		c.validate(fmt.Sprintf("policies[%d]", i), &pr)
+		if err := pr.err(); err != nil {
+			return err
+		}
+		cp[i] = c
 	}
-	cp := append([]*Policy(nil), policies...)
 	l.policies.Store(&cp)
 	if l.deny != nil {
 		l.deny.clear()
@@ -315,7 +332,9 @@ func (l *Limiter) SetPolicies(policies []*Policy) error {
 	return nil
 }
 
-// Policies returns the policy set in force. The caller must not modify it.
+// Policies returns the policy set in force: the limiter's own copies (see
+// SetPolicies), shared with every decision. The caller must not modify
+// them or the slice; to change a policy, pass a new set to SetPolicies.
 func (l *Limiter) Policies() []*Policy { return *l.policies.Load() }
 
 // Now is the limiter's clock time.
@@ -357,7 +376,11 @@ const (
 
 // PolicyDecision is one policy's part of a Decision.
 type PolicyDecision struct {
-	// Policy is the policy evaluated (shared; do not modify).
+	// Policy is the policy evaluated: for a policy of the limiter's set,
+	// the limiter's own copy (the pointer Policies returns, not the one
+	// given to New or SetPolicies); for one passed to a call (AllowN,
+	// CheckSubjectsInto) or returned by Overrides, that policy. Shared
+	// with other decisions: do not modify it.
 	Policy *Policy
 	// Subject is what the policy counted.
 	Subject Subject
@@ -640,13 +663,16 @@ func (l *Limiter) finish(ctx context.Context, now, start time.Time, pols []*Poli
 	return nil
 }
 
-// CheckSubjectAt evaluates the given policies for one subject at now,
+// The raw paths below are not part of the public API: this module's
+// simulator, the coordinator's usage endpoint and tests reach them through
+// internal/rawcheck, with which rawhooks.go registers them.
+
+// checkSubjectAt evaluates the given policies for one subject at now,
 // bypassing policy selection, with one cost for all of them (0 peeks). It
 // is the raw path: one store call, with none of the resilience layer (no
-// deadline, breaker, fallback or deny cache), no usage counting, metrics
-// or events; a store error is returned with a zero Decision. The simulator
-// and tools use it; gateways use Check.
-func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Subject, policies []*Policy, cost int64) (Decision, error) {
+// deadline, breaker, fallback or deny cache), no usage counting, metrics,
+// events or overrides; a store error is returned with a zero Decision.
+func (l *Limiter) checkSubjectAt(ctx context.Context, now time.Time, subject Subject, policies []*Policy, cost int64) (Decision, error) {
 	for i, p := range policies {
 		if p == nil || !p.validated {
 			return Decision{}, fmt.Errorf("%w: policies[%d]", ErrNoPolicies, i)
@@ -664,13 +690,13 @@ func (l *Limiter) CheckSubjectAt(ctx context.Context, now time.Time, subject Sub
 	return d, nil
 }
 
-// CheckSubjectsAt is CheckSubjectAt for several subjects of one request
+// checkSubjectsAt is checkSubjectAt for several subjects of one request
 // (the simulator's requests that several subjects limit): one store
 // decision, all or nothing across the subjects as in Check, with one cost
 // for every policy (0 peeks), and none of the resilience layer, usage,
-// metrics or events. Errors: those of CheckSubjectsInto's checks, and a
-// store error with a zero Decision.
-func (l *Limiter) CheckSubjectsAt(ctx context.Context, now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
+// metrics, events or overrides. Errors: those of CheckSubjectsInto's
+// checks, and a store error with a zero Decision.
+func (l *Limiter) checkSubjectsAt(ctx context.Context, now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
 	pols, subjs, err := l.flatten(subjects, now, false)
 	if err != nil {
 		return Decision{}, err
@@ -686,10 +712,13 @@ func (l *Limiter) CheckSubjectsAt(ctx context.Context, now time.Time, subjects [
 	return d, nil
 }
 
-// CheckSubjectsFallbackAt is CheckSubjectFallbackAt for several subjects
-// of one request: the in-process fallback decides them together, all or
-// nothing across them.
-func (l *Limiter) CheckSubjectsFallbackAt(now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
+// checkSubjectsFallbackAt answers the policies of several subjects of one
+// request at now as Check does while the store cannot answer: each
+// policy's on_store_failure decides (open and local through in-process
+// limiters at now, closed rejects with FailedClosed set), all or nothing
+// across the subjects. It skips usage counting, metrics, events and
+// overrides. The simulator models a store outage with it.
+func (l *Limiter) checkSubjectsFallbackAt(now time.Time, subjects []SubjectPolicies, cost int64) (Decision, error) {
 	pols, subjs, err := l.flatten(subjects, now, false)
 	if err != nil {
 		return Decision{}, err
@@ -701,30 +730,6 @@ func (l *Limiter) CheckSubjectsFallbackAt(now time.Time, subjects []SubjectPolic
 	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(pols))}
 	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
 	d.Allowed = l.fb.decide(now, subjs, pols, costs, closedRetry, d.Policies)
-	foldDelay(&d, d.Policies)
-	return d, nil
-}
-
-// CheckSubjectFallbackAt answers the given policies for one subject at now
-// as Check does while the store cannot answer: each policy's
-// on_store_failure decides (open and local through in-process limiters at
-// now, closed rejects with FailedClosed set). Like CheckSubjectAt it skips
-// usage counting, metrics and events. The simulator uses it to model a
-// store outage with the production fallback code.
-func (l *Limiter) CheckSubjectFallbackAt(now time.Time, subject Subject, policies []*Policy, cost int64) (Decision, error) {
-	for i, p := range policies {
-		if p == nil || !p.validated {
-			return Decision{}, fmt.Errorf("%w: policies[%d]", ErrNoPolicies, i)
-		}
-	}
-	costs := make([]int64, len(policies))
-	subjs := make([]Subject, len(policies))
-	for i := range policies {
-		costs[i], subjs[i] = cost, subject
-	}
-	d := Decision{Allowed: true, Source: SourceFallback, Policies: make([]PolicyDecision, len(policies))}
-	closedRetry := max(time.Second, ceilMs(l.breaker.RetryAfter(now)))
-	d.Allowed = l.fb.decide(now, subjs, policies, costs, closedRetry, d.Policies)
 	foldDelay(&d, d.Policies)
 	return d, nil
 }

@@ -13,16 +13,41 @@ import (
 // (shared by all gateways of a region, decides with Redis server time) and
 // [MemoryStore] (one process, decides at the time it is given).
 //
-// Store is sealed (its method is unexported): other packages cannot
-// implement it. A store is not a key-value interface but the algorithms
-// themselves, run atomically over every subject of a request with the
-// all-or-nothing and refund contract above, in integer arithmetic that
-// both implementations share bit for bit (the differential tests prove it
-// against a real redis-server, standalone and cluster). A third
-// implementation outside the package could not be held to that, and a
-// decision that differs between gateways of one fleet is a wrong limit.
-// To put the limiter on other infrastructure, wrap a RedisStore-compatible
-// server (Redis, Valkey, a managed Redis, a cluster) or use MemoryStore.
+// Store is sealed: its one method is unexported, so no other package can
+// implement it, and there is no Example of a custom store because none can
+// be written. This is deliberate, for three reasons:
+//
+//   - A store is not a key-value interface but the algorithms themselves:
+//     it receives each policy's parameters and cost and returns the
+//     decision, remaining, reset, retry and delay, in integer nano-token
+//     and millisecond arithmetic that the Lua script and the Go code
+//     share bit for bit (see Arithmetic in the package documentation).
+//     The argument and result types are unexported because they are
+//     that arithmetic's internals (state encodings, share and replicated
+//     window records); exporting them would freeze the algorithms.
+//   - It must keep the all-or-nothing contract across subjects, with the
+//     refunds of a split cluster (refund.go). The differential
+//     tests hold both implementations to it against a real redis-server,
+//     standalone and cluster; a store outside the package could not be
+//     held to it, and gateways of one fleet that decide differently
+//     enforce a wrong limit.
+//   - Check adds the resilience layer (deadline, breaker, deny cache,
+//     fallback) around every store but the MemoryStore, and knows the
+//     RedisStore's warm-up, pipelining and metrics.
+//
+// What to do instead:
+//
+//   - one process, tests, or the simulator: [NewMemoryStore];
+//   - a fleet of gateways: [NewRedisStore] or [NewPipelinedRedisStore] on
+//     a go-redis UniversalClient, a *redis.Client (one server, or a
+//     Sentinel failover client) or a *redis.ClusterClient, whose servers
+//     run Redis 7 scripts (the script declares allow-cross-slot-keys); the
+//     tests run redis-server 7.0, standalone and a three-node cluster;
+//   - instrumentation, TLS, pools and timeouts of the connection: the
+//     options and hooks (redis.Hook) of the go-redis client you pass;
+//   - behaviour around the decision (timeouts, failure modes,
+//     per-subject limits, observation): [Config] (Deadline, Breaker,
+//     each policy's on_store_failure, [Overrides], [EventSink]).
 type Store interface {
 	// eval evaluates ops at now and writes the answers into res
 	// (len(res) == len(ops)); subjects[i] is the subject of ops[i], and
@@ -44,8 +69,9 @@ const memShards = 64
 // Redis script, deciding at the time passed to it (the simulator passes
 // virtual time). It is safe for concurrent use; subjects are spread over 64
 // mutex-guarded shards, and one decision holds the shards of all its
-// subjects at once, so a request is all or nothing across its subjects. Expired entries are swept from a shard at most once
-// every ten seconds of its time, on access, so memory follows active keys.
+// subjects at once, so a request is all or nothing across its subjects.
+// Expired entries are swept from a shard at most once every ten seconds of
+// its time, on access, so memory follows active keys.
 // The zero value is not usable; call NewMemoryStore.
 type MemoryStore struct {
 	seed   maphash.Seed
@@ -294,7 +320,8 @@ func (m *MemoryStore) SetShare(now time.Time, subject Subject, policyID string, 
 	subj.shares = append(subj.shares, val)
 }
 
-// Len is the number of live policy states held, for tests and metrics.
+// Len is the number of policy states held (expired ones not yet swept
+// included): what the store's memory grows with. Safe for concurrent use.
 func (m *MemoryStore) Len() int {
 	n := 0
 	for i := range m.shards {

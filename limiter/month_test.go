@@ -76,7 +76,7 @@ func TestMonthWindowExpiresAtTheMonthEnd(t *testing.T) {
 	require.NoError(t, err)
 	subj := Subject{Kind: SubjectAPIKey, Value: "k"}
 	check := func(s string, cost int64) {
-		_, err := l.CheckSubjectAt(context.Background(), at(msOf(t, s)), subj, []*Policy{p}, cost)
+		_, err := l.checkSubjectAt(context.Background(), at(msOf(t, s)), subj, []*Policy{p}, cost)
 		require.NoError(t, err)
 	}
 	check("2027-02-10T00:00:00Z", 1)
@@ -97,7 +97,7 @@ func TestMonthWindowRedisTTL(t *testing.T) {
 	require.NoError(t, err)
 	subj := Subject{Kind: SubjectAPIKey, Value: "k"}
 	ctx := context.Background()
-	_, err = l.CheckSubjectAt(ctx, at(msOf(t, "2027-02-27T00:00:00Z")), subj, []*Policy{p}, 1)
+	_, err = l.checkSubjectAt(ctx, at(msOf(t, "2027-02-27T00:00:00Z")), subj, []*Policy{p}, 1)
 	require.NoError(t, err)
 	ttl, err := client.PTTL(ctx, StateKey(subj, p)).Result()
 	require.NoError(t, err)
@@ -129,7 +129,7 @@ func TestMonthWindowReplicated(t *testing.T) {
 		l, err := New(Config{Store: s.store, Region: "us-east", Regions: 3}, []*Policy{p})
 		require.NoError(t, err)
 		check := func(when string, cost int64) PolicyDecision {
-			d, err := l.CheckSubjectAt(ctx, at(msOf(t, when)), subj, []*Policy{p}, cost)
+			d, err := l.checkSubjectAt(ctx, at(msOf(t, when)), subj, []*Policy{p}, cost)
 			require.NoError(t, err)
 			return d.Policies[0]
 		}
@@ -249,7 +249,7 @@ func BenchmarkFixedWindowKinds(b *testing.B) {
 				now := time.Now()
 				b.ResetTimer()
 				for i := range b.N {
-					if _, err := l.CheckSubjectAt(ctx, now.Add(time.Duration(i)*time.Millisecond), subj, []*Policy{p}, 1); err != nil {
+					if _, err := l.checkSubjectAt(ctx, now.Add(time.Duration(i)*time.Millisecond), subj, []*Policy{p}, 1); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -56,7 +56,7 @@ func TestPipelinedStoreMatchesMemory(t *testing.T) {
 			defer wg.Done()
 			subj := Subject{Kind: SubjectAPIKey, Value: fmt.Sprintf("p-%d", s)}
 			for _, st := range seqs[s] {
-				d, err := lr.CheckSubjectAt(context.Background(), st.at, subj, ps, st.cost)
+				d, err := lr.checkSubjectAt(context.Background(), st.at, subj, ps, st.cost)
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -73,7 +73,7 @@ func TestPipelinedStoreMatchesMemory(t *testing.T) {
 	for s := range seqs {
 		subj := Subject{Kind: SubjectAPIKey, Value: fmt.Sprintf("p-%d", s)}
 		for i, st := range seqs[s] {
-			want, err := lm.CheckSubjectAt(context.Background(), st.at, subj, ps, st.cost)
+			want, err := lm.checkSubjectAt(context.Background(), st.at, subj, ps, st.cost)
 			require.NoError(t, err)
 			require.Equal(t, want, got[s][i], "subject %d step %d", s, i)
 			if !want.Allowed {
@@ -97,11 +97,11 @@ func TestPipelinedStoreReloadsTheScript(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	subj := Subject{Kind: SubjectAPIKey, Value: "k"}
-	d, err := l.CheckSubjectAt(ctx, time.Now(), subj, ps, 1)
+	d, err := l.checkSubjectAt(ctx, time.Now(), subj, ps, 1)
 	require.NoError(t, err)
 	assert.Equal(t, int64(9), d.Policies[0].Remaining)
 	require.NoError(t, srv.Client().ScriptFlush(ctx).Err())
-	d, err = l.CheckSubjectAt(ctx, time.Now(), subj, ps, 1)
+	d, err = l.checkSubjectAt(ctx, time.Now(), subj, ps, 1)
 	require.NoError(t, err)
 	assert.Equal(t, int64(8), d.Policies[0].Remaining)
 }
@@ -118,7 +118,7 @@ func TestPipelinedStoreClose(t *testing.T) {
 	require.NoError(t, err)
 	l, err := New(Config{Store: store}, ps)
 	require.NoError(t, err)
-	_, err = l.CheckSubjectAt(context.Background(), time.Now(), Subject{Kind: SubjectAPIKey, Value: "k"}, ps, 1)
+	_, err = l.checkSubjectAt(context.Background(), time.Now(), Subject{Kind: SubjectAPIKey, Value: "k"}, ps, 1)
 	require.ErrorIs(t, err, ErrStoreUnavailable)
 	d, err := l.Check(context.Background(), Request{Identity: Identity{APIKey: "k"}})
 	require.NoError(t, err)
@@ -154,7 +154,7 @@ func pausedPipeline(t *testing.T, maxQueue int) (store *RedisStore, l *Limiter, 
 	require.NoError(t, err)
 	ctx := context.Background()
 	// Load the script first: a paused server would hold SCRIPT LOAD too.
-	_, err = l.CheckSubjectAt(ctx, time.Now(), Subject{Kind: SubjectAPIKey, Value: "warm"}, l.Policies(), 0)
+	_, err = l.checkSubjectAt(ctx, time.Now(), Subject{Kind: SubjectAPIKey, Value: "warm"}, l.Policies(), 0)
 	require.NoError(t, err)
 	pauser := srv.Client()
 	require.NoError(t, pauser.Do(ctx, "CLIENT", "PAUSE", 30_000, "WRITE").Err())
@@ -163,7 +163,7 @@ func pausedPipeline(t *testing.T, maxQueue int) (store *RedisStore, l *Limiter, 
 	t.Cleanup(unpause)
 	blocked := make(chan error, 1)
 	go func() {
-		_, err := l.CheckSubjectAt(ctx, time.Now(), Subject{Kind: SubjectAPIKey, Value: "blocker"}, l.Policies(), 1)
+		_, err := l.checkSubjectAt(ctx, time.Now(), Subject{Kind: SubjectAPIKey, Value: "blocker"}, l.Policies(), 1)
 		blocked <- err
 	}()
 	t.Cleanup(func() { unpause(); require.NoError(t, <-blocked) })
@@ -182,14 +182,14 @@ func TestPipelineDropsCallsOfCallersThatLeft(t *testing.T) {
 	subj := Subject{Kind: SubjectAPIKey, Value: "gone"}
 	for range 5 {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		_, err := l.CheckSubjectAt(ctx, time.Now(), subj, l.Policies(), 1)
+		_, err := l.checkSubjectAt(ctx, time.Now(), subj, l.Policies(), 1)
 		cancel()
 		require.ErrorIs(t, err, ErrStoreUnavailable)
 	}
 	unpause()
 	// One worker takes calls in order: when this one is answered, the five
 	// before it were either sent or dropped.
-	d, err := l.CheckSubjectAt(context.Background(), time.Now(), Subject{Kind: SubjectAPIKey, Value: "after"}, l.Policies(), 1)
+	d, err := l.checkSubjectAt(context.Background(), time.Now(), Subject{Kind: SubjectAPIKey, Value: "after"}, l.Policies(), 1)
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	n, err := srv.Client().Exists(context.Background(), StateKey(subj, l.Policies()[0])).Result()
@@ -208,12 +208,12 @@ func TestPipelineShedsWhenFull(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _ = l.CheckSubjectAt(context.Background(), time.Now(), subj, l.Policies(), 1)
+			_, _ = l.checkSubjectAt(context.Background(), time.Now(), subj, l.Policies(), 1)
 		}()
 	}
 	t.Cleanup(func() { unpause(); wg.Wait() })
 	require.Eventually(t, func() bool { return len(l.store.(*RedisStore).pipe.queue) == 2 }, 10*time.Second, time.Millisecond)
-	_, err := l.CheckSubjectAt(context.Background(), time.Now(), subj, l.Policies(), 1)
+	_, err := l.checkSubjectAt(context.Background(), time.Now(), subj, l.Policies(), 1)
 	require.ErrorIs(t, err, ErrPipelineFull)
 	require.ErrorIs(t, err, ErrStoreUnavailable)
 	assert.Equal(t, 1.0, gatherValue(t, reg, "quotient_limiter_pipeline_shed_total", nil))

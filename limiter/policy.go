@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -129,7 +131,19 @@ type Match struct {
 // Policy is one rate limit policy document (seed design 4.3). Parse policies
 // with [ParsePolicies] or [ParsePolicy], which validate them and fill
 // defaults; a Policy built by hand must pass [Policy.Validate] before use.
-// A validated Policy is immutable and safe for concurrent use.
+//
+// Ownership: a Policy is a value its creator owns. [New] and
+// [Limiter.SetPolicies] keep deep copies (fields, Match slices, the Cost
+// map), validated again as copied, so changing or reusing a Policy (or its
+// slices and map) after handing it to them changes nothing the limiter
+// decides. What the limiter hands back, [Limiter.Policies] and
+// [PolicyDecision.Policy], are its own copies, shared by concurrent
+// decisions: read them, never modify them. A policy passed to one call
+// ([Limiter.AllowN], [Limiter.CheckSubjectsInto], ...) or returned by
+// [Overrides] is read during that call, which keeps no reference to it
+// afterwards but the Decision's; it must not be modified while such a call
+// runs. A validated Policy that nobody modifies is safe for concurrent
+// reads.
 type Policy struct {
 	// ID names the policy: 1 to 64 characters of [A-Za-z0-9._-].
 	ID string `json:"id"`
@@ -528,6 +542,18 @@ func checkDuplicateKeys(data []byte) error {
 			top.expect = true
 		}
 	}
+}
+
+// clone is a deep copy of p: nothing of it shares memory with p, so
+// changing p (or re-validating it, which rewrites costs in place) leaves
+// the copy as it was. nil slices and maps stay nil.
+func (p *Policy) clone() *Policy {
+	c := *p
+	c.Match.Routes = slices.Clone(p.Match.Routes)
+	c.Match.Methods = slices.Clone(p.Match.Methods)
+	c.Cost = maps.Clone(p.Cost)
+	c.costs = slices.Clone(p.costs)
+	return &c
 }
 
 // Validate checks a policy built by hand and fills its defaults, like

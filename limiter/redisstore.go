@@ -140,7 +140,10 @@ func algoCode(o *op) int {
 	return 0
 }
 
-// StateKey is the Redis key of one policy's state for one subject.
+// StateKey is the Redis key of one policy's state for one subject (see
+// Keys in the package documentation), for tools and operators that inspect
+// Redis: rl:{<subject>}:<policy>:<tag>, the tag tb, lb, fw, sl or sc by
+// algorithm, fg for a global fixed window.
 func StateKey(subject Subject, p *Policy) string {
 	o := op{algo: p.Algorithm, global: p.Scope == ScopeGlobal}
 	return stateKey(subject.Key(), p.ID, o.tag())

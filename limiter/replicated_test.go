@@ -17,7 +17,7 @@ func TestReplicatedWindowDecidesOnTheSum(t *testing.T) {
 	subj := Subject{Kind: SubjectAPIKey, Value: "k"}
 	ctx := context.Background()
 	check := func(ms, cost int64) PolicyDecision {
-		d, err := l.CheckSubjectAt(ctx, at(ms), subj, []*Policy{p}, cost)
+		d, err := l.checkSubjectAt(ctx, at(ms), subj, []*Policy{p}, cost)
 		require.NoError(t, err)
 		return d.Policies[0]
 	}

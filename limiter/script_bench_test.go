@@ -44,12 +44,12 @@ func BenchmarkSlidingLogSize(b *testing.B) {
 			}
 			require.NoError(b, client.PExpire(ctx, key, time.Hour).Err())
 			// One call loads the script, outside the measurement.
-			_, err = l.CheckSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1)
+			_, err = l.checkSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1)
 			require.NoError(b, err)
 			require.NoError(b, client.ConfigResetStat(ctx).Err())
 			b.ResetTimer()
 			for range b.N {
-				d, err := l.CheckSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1)
+				d, err := l.checkSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1)
 				require.NoError(b, err)
 				require.True(b, d.Allowed)
 			}
@@ -70,12 +70,12 @@ func BenchmarkBucketScript(b *testing.B) {
 	l, err := New(Config{Store: NewRedisStore(client)}, []*Policy{p})
 	require.NoError(b, err)
 	subj := Subject{Kind: SubjectAPIKey, Value: "k_8f2a4c1d9e7b6a5f3c2d1e0f9a8b7c6d"}
-	_, err = l.CheckSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1)
+	_, err = l.checkSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1)
 	require.NoError(b, err)
 	require.NoError(b, client.ConfigResetStat(ctx).Err())
 	b.ResetTimer()
 	for range b.N {
-		if _, err := l.CheckSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1); err != nil {
+		if _, err := l.checkSubjectAt(ctx, time.Now(), subj, []*Policy{p}, 1); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -257,3 +257,17 @@ func TestPolicyRulesAreCheckedAgainstThePolicySet(t *testing.T) {
 	assert.Len(t, l.Policies(), 9)
 
 }
+
+// TestSetPoliciesDecidesWithTheLimitersCopies: the server decides with the
+// limiter's own copies of the policies it was given (limiter.SetPolicies),
+// so a caller that changes them afterwards changes nothing: tb still
+// admits its burst of 3, not the 100 it was changed to.
+func TestSetPoliciesDecidesWithTheLimitersCopies(t *testing.T) {
+	h := startPolicyRLS(t, redistest.StartServer(t).Client(), mustParse(t, policyYAML), mustPolicies(t, policyDocs), ServerConfig{}, nil)
+	ps := mustPolicies(t, policyDocs)
+	require.NoError(t, h.srv.SetPolicies(ps))
+	require.Equal(t, "tb", ps[0].ID)
+	ps[0].Burst = 100
+	require.NoError(t, ps[0].Validate())
+	assert.Equal(t, 3, h.admitted(t, 6, func() *ratelimitv3.RateLimitDescriptor { return d("algo", "tb", "user", "u1") }))
+}

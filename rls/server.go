@@ -139,6 +139,8 @@ func (s *Server) SetConfig(c *Config) error {
 		// The limiter's own set was validated when it was set.
 		panic("rls: the limiter rejected its own policy set: " + err.Error())
 	}
+	pols := byID(s.l.Policies()) // the limiter's new copies
+	s.pols.Store(&pols)
 	return nil
 }
 
@@ -157,6 +159,9 @@ func (s *Server) SetPolicies(ps []*limiter.Policy) error {
 	if err := s.l.SetPolicies(ps); err != nil {
 		return err
 	}
+	// Decide with the limiter's own copies (see limiter.SetPolicies), so
+	// that a caller changing ps afterwards changes nothing.
+	pols = byID(s.l.Policies())
 	s.pols.Store(&pols)
 	return nil
 }

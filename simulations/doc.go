@@ -8,7 +8,7 @@
 //
 // Each region has the production limiter.Limiter over its own
 // limiter.MemoryStore (Config.Regions = n, so a key without a share record
-// gets the default L/n), called with CheckSubjectsAt at the region's own
+// gets the default L/n), called with rawcheck.CheckSubjectsAt at the region's own
 // clock, and one Coordinator. The default Coordinator drives the production
 // rebalancer.Core (and through it package shares) exactly as a coordinator
 // driver does; its updates become share records via MemoryStore.SetShare.
@@ -31,8 +31,8 @@
 // usage and it reads the coordinator's share records.
 //
 // Nothing here re-implements the limiter, the share computation, the
-// RLQS split or the daily-quota replication. The store_down fallback runs the limiter's own
-// CheckSubjectsFallbackAt.
+// RLQS split or the daily-quota replication. The store_down fallback runs
+// the limiter's own fallback (rawcheck.CheckSubjectsFallbackAt).
 //
 // # The engine
 //

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/quotientlabs/quotient/internal/rawcheck"
 	"github.com/quotientlabs/quotient/limiter"
 )
 
@@ -566,9 +567,9 @@ func (e *engine) decide(at int64, region int, es *entryState, key int) {
 	var err error
 	if down(rs.storeDown, at) {
 		// The production fallback: each policy's on_store_failure.
-		d, err = rs.lim.CheckSubjectsFallbackAt(now, ks.calls, cost)
+		d, err = rawcheck.CheckSubjectsFallbackAt(rs.lim, now, ks.calls, cost)
 	} else {
-		d, err = rs.lim.CheckSubjectsAt(e.ctx, now, ks.calls, cost)
+		d, err = rawcheck.CheckSubjectsAt(rs.lim, e.ctx, now, ks.calls, cost)
 	}
 	if err != nil {
 		e.err = fmt.Errorf("%w: limiter in %s: %v", ErrInternal, e.sc.Regions[region], err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/quotientlabs/quotient/internal/rawcheck"
 	"github.com/quotientlabs/quotient/limiter"
 )
 
@@ -95,7 +96,7 @@ func (u *RedisUsage) read(ctx context.Context, region string, subject limiter.Su
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
 	l := u.lims[region]
-	d, err := l.CheckSubjectAt(ctx, l.Now(), subject, []*limiter.Policy{p}, 0)
+	d, err := rawcheck.CheckSubjectAt(l, ctx, l.Now(), subject, []*limiter.Policy{p}, 0)
 	if err != nil || len(d.Policies) == 0 {
 		msg := "no decision"
 		if err != nil {
