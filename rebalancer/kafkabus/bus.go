@@ -90,8 +90,7 @@ type Config struct {
 	// fetch cycle). kafka-go keeps 1 s of it for the round trip and lets
 	// the broker hold the rest, so it must be at least 2 s, and a round
 	// trip to the broker above 1 s turns every idle fetch into a
-	// reconnection. Run takes up to FetchWait to return after its context
-	// ends (a reader closes once its fetch is answered). Default 5 s.
+	// reconnection. Default 5 s.
 	FetchWait time.Duration
 	// WarmInterval is how often Run calls Prepare again, keeping the
 	// producer's connections open between reports (kafka-go closes a

@@ -37,8 +37,6 @@ const maxDelivered = 256
 // that error (wrapped) after stopping everything; the caller may call Run
 // again, which re-reads the lookback window. Topics that do not exist are
 // waited for, not an error. Malformed messages are counted and skipped.
-// After ctx ends, Run takes up to Config.FetchWait to return (each reader
-// waits for its open fetch).
 func (b *Bus) Run(ctx context.Context, deliver func(*quotientv1.UsageReport)) error {
 	if deliver == nil {
 		return fmt.Errorf("%w: deliver is nil", ErrConfig)
