@@ -222,11 +222,10 @@ type ReaderConfig struct {
 	MaxBytes int
 	// MaxWait bounds how long the broker holds a fetch open waiting for new
 	// records. Default 500 ms. kafka-go also makes it the reader's deadline
-	// for the whole fetch (a new connection's version handshake included)
-	// and asks the broker to hold it MaxWait minus min(1 s, MaxWait/4), so
-	// a round trip to the broker longer than that difference turns every
-	// fetch that finds nothing into a timeout and a reconnection (at the
-	// default, a round trip above 125 ms).
+	// for the whole fetch and asks the broker to hold it MaxWait minus
+	// min(1 s, MaxWait/4), so a round trip to the broker longer than that
+	// difference turns every fetch that finds nothing into a timeout and a
+	// reconnection (at the default, a round trip above 125 ms).
 	MaxWait time.Duration
 }
 

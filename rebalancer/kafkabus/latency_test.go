@@ -83,9 +83,9 @@ func startSlowKafka(tb testing.TB, oneWay time.Duration) []string {
 //     consumer keeps waiting there), whatever the phase of its fetches:
 //     at most 2 RTT each (a fetch may be on its way back empty), and at
 //     most 1.5 RTT for the median. With the former 500 ms fetch wait,
-//     kafka-go's reader gave up on a fetch (and its connection) after
-//     500 ms, including the version handshake of a new connection, so at
-//     this RTT it never read a report at all.
+//     kafka-go's reader gave up on a fetch that found nothing (and on its
+//     connection) after 500 ms, before the broker answered it, and at this
+//     RTT (and at 300 ms) it delivered no report within 30 s.
 //
 // Bounds are in round trips with a margin of half a round trip for the
 // machine; the injected delay (the deployed runner's 250 ms per proxy and
