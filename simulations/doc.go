@@ -59,7 +59,14 @@
 // each published message to every other region: lost with probability
 // loss, duplicated with probability duplicate, delayed by latency +-
 // jitter (uniform, never negative), dropped when a partition separates the
-// two regions at sending or at delivery. While a region's coordinator is
+// two regions at sending or at delivery. One latency is what a report
+// costs on the real path: rebalancer/kafkabus delivers it one round trip
+// to the broker after Publish (half on the produce, half on the fetch the
+// consumer keeps open at the broker; TestReportDeliveryRoundTrips), which
+// deployed mode's proxies (half the latency on each region's link) make
+// the scenario's one-way latency. Not modelled: up to one more round trip
+// when a consumer's fetch was just answered, and kafka-go's limit of a 1 s
+// round trip to the broker. While a region's coordinator is
 // down it neither ticks nor receives: deliveries wait (as in Kafka) and are
 // handed over before its first boundary after the outage; the usage of
 // epochs that end meanwhile is lost. While a region's store is down its

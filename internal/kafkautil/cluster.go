@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -220,7 +221,11 @@ type ReaderConfig struct {
 	// largest record batch on the topic. Default 4 MiB.
 	MaxBytes int
 	// MaxWait bounds how long the broker holds a fetch open waiting for new
-	// records. Default 500 ms.
+	// records. Default 500 ms. kafka-go also makes it the reader's deadline
+	// for the whole fetch and asks the broker to hold it MaxWait minus
+	// min(1 s, MaxWait/4), so a round trip to the broker longer than that
+	// difference turns every fetch that finds nothing into a timeout and a
+	// reconnection (at the default, a round trip above 125 ms).
 	MaxWait time.Duration
 }
 
@@ -228,6 +233,11 @@ type ReaderConfig struct {
 // offset (kafka.FirstOffset and kafka.LastOffset are allowed). No consumer
 // group, no commits. The caller owns the Reader and must Close it.
 func (c *Cluster) NewPartitionReader(topic string, partition int, offset int64, rc ReaderConfig) (*kafka.Reader, error) {
+	return c.newPartitionReader(topic, partition, offset, rc, c.dialer)
+}
+
+// newPartitionReader is NewPartitionReader with the reader's Dialer.
+func (c *Cluster) newPartitionReader(topic string, partition int, offset int64, rc ReaderConfig, dialer *kafka.Dialer) (*kafka.Reader, error) {
 	if rc.MaxBytes <= 0 {
 		rc.MaxBytes = 4 << 20
 	}
@@ -238,7 +248,7 @@ func (c *Cluster) NewPartitionReader(topic string, partition int, offset int64, 
 		Brokers:         c.Brokers(),
 		Topic:           topic,
 		Partition:       partition,
-		Dialer:          c.dialer,
+		Dialer:          dialer,
 		MinBytes:        1,
 		MaxBytes:        rc.MaxBytes,
 		MaxWait:         rc.MaxWait,
@@ -254,6 +264,67 @@ func (c *Cluster) NewPartitionReader(topic string, partition int, offset int64, 
 		return nil, fmt.Errorf("kafkautil: reader of %q partition %d at offset %d: %w", topic, partition, offset, err)
 	}
 	return r, nil
+}
+
+// readerConns tracks the connections one partition reader dials, so that
+// closeAll can end a fetch the broker holds open: kafka.Reader.Close waits
+// for the fetch in flight, up to ReaderConfig.MaxWait, and a consumer that
+// stops should not. Safe for concurrent use.
+type readerConns struct {
+	mu     sync.Mutex
+	conns  map[*trackedConn]struct{}
+	closed bool
+}
+
+// dialer returns a copy of base that dials through rc.
+func (rc *readerConns) dialer(base *kafka.Dialer) *kafka.Dialer {
+	d := *base
+	d.DialFunc = rc.dial
+	return &d
+}
+
+func (rc *readerConns) dial(ctx context.Context, network, address string) (net.Conn, error) {
+	nc, err := (&net.Dialer{}).DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	tc := &trackedConn{Conn: nc, rc: rc}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.closed {
+		_ = nc.Close()
+		return nil, fmt.Errorf("kafkautil: dial %s: consumer stopped: %w", address, net.ErrClosed)
+	}
+	if rc.conns == nil {
+		rc.conns = map[*trackedConn]struct{}{}
+	}
+	rc.conns[tc] = struct{}{}
+	return tc, nil
+}
+
+// closeAll closes every open connection and refuses new ones.
+func (rc *readerConns) closeAll() {
+	rc.mu.Lock()
+	rc.closed = true
+	conns := rc.conns
+	rc.conns = nil
+	rc.mu.Unlock()
+	for c := range conns {
+		_ = c.Conn.Close()
+	}
+}
+
+// trackedConn leaves its readerConns when closed.
+type trackedConn struct {
+	net.Conn
+	rc *readerConns
+}
+
+func (c *trackedConn) Close() error {
+	c.rc.mu.Lock()
+	delete(c.rc.conns, c)
+	c.rc.mu.Unlock()
+	return c.Conn.Close()
 }
 
 func joinErrs(errs map[string]error) error {

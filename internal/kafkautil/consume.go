@@ -247,13 +247,21 @@ func (cs *consumer) start(ctx context.Context, topic string, ids []int, started 
 }
 
 // read reads one partition from offset and hands each message on. An
-// offset that retention removed restarts the reader at StartOffsets.
+// offset that retention removed restarts the reader at StartOffsets. When
+// ctx ends, the reader's connections are closed first, so that closing it
+// does not wait for a fetch the broker holds open.
 func (cs *consumer) read(ctx context.Context, topic string, partition int, offset int64) error {
-	r, err := cs.c.NewPartitionReader(topic, partition, offset, cs.cfg.Reader)
+	conns := &readerConns{}
+	r, err := cs.c.newPartitionReader(topic, partition, offset, cs.cfg.Reader, conns.dialer(cs.c.dialer))
 	if err != nil {
 		return err
 	}
-	defer func() { _ = r.Close() }()
+	stop := context.AfterFunc(ctx, conns.closeAll)
+	defer func() {
+		stop()
+		conns.closeAll()
+		_ = r.Close()
+	}()
 	for {
 		m, err := r.ReadMessage(ctx)
 		if err != nil {

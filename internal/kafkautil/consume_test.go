@@ -403,3 +403,31 @@ func TestProducerCreatesTopicOnFirstWrite(t *testing.T) {
 	require.ErrorIs(t, err, kafkautil.ErrConfig)
 	assert.ErrorContains(t, err, `topic "bad": partitions 0`)
 }
+
+// TestConsumeTopicsStopsWithoutWaitingForHeldFetches: with fetches the
+// broker holds open for 29 s (MaxWait 30 s), ConsumeTopics returns soon
+// after its context ends, not when the held fetches are answered: the
+// readers' connections are closed first (kafka.Reader.Close alone waits
+// for the fetch in flight).
+func TestConsumeTopicsStopsWithoutWaitingForHeldFetches(t *testing.T) {
+	cl := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	require.NoError(t, cl.EnsureTopics(ctx, kafkautil.RetainedTopic("held", 3, 1, time.Hour)))
+	produce(t, cl, "held", 1, "one")
+	r := startConsume(t, cl, kafkautil.ConsumeConfig{Topics: []string{"held"}, Reader: kafkautil.ReaderConfig{MaxWait: 30 * time.Second}})
+	assert.Equal(t, []string{"held/1@0=one"}, strs(r.next(t, 1)))
+	produce(t, cl, "held", 1, "two") // the reader of partition 1 has fetched again, after the first answer
+	assert.Equal(t, []string{"held/1@1=two"}, strs(r.next(t, 1)))
+
+	t0 := time.Now()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		r.done <- err
+		assert.ErrorIs(t, err, context.Canceled)
+	case <-time.After(20 * time.Second):
+		t.Fatal("ConsumeTopics waited for the held fetches (29 s) instead of returning when its context ended")
+	}
+	t.Logf("returned %v after cancel", time.Since(t0).Round(time.Millisecond))
+}

@@ -9,7 +9,9 @@
 //   - Writers with acks=all, millisecond batch timeouts, a byte bound on
 //     batches and lz4 compression (NewWriter).
 //   - A Producer per bus topic: one Writer, the topic created before the
-//     first write unless it is managed elsewhere, unknown topics retried.
+//     first write unless it is managed elsewhere, unknown topics retried;
+//     Prepare does the topic, metadata and leader connections ahead of the
+//     first write, so that write costs one produce round trip.
 //   - Idempotent topic creation through kafka.Client.CreateTopics, with
 //     per-topic config (compacted or time-retained); "already exists" is
 //     success (EnsureTopics).

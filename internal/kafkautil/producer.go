@@ -59,6 +59,44 @@ func (p *Producer) Write(ctx context.Context, msgs ...kafka.Message) error {
 	})
 }
 
+// Prepare does before the first Write what that Write would otherwise do
+// inside its own deadline, so that the Write costs one produce round trip:
+// it creates the topic (when the Producer creates it), waits until the
+// shared metadata cache knows the topic (retrying an unknown topic like
+// Write), and asks the leader of each of its partitions for its end offset,
+// which opens the connection to each leader that produce requests then use
+// (the Writer shares the Cluster's Transport). Writes work without it.
+// Calling it again keeps those connections from idling out (kafka-go closes
+// them after 30 s without a request). Safe for concurrent use, with Write
+// too. It returns ErrClosed after Close, otherwise the first failure, which
+// changes nothing for later calls or Writes.
+func (p *Producer) Prepare(ctx context.Context) error {
+	if err := p.ensureTopic(ctx); err != nil {
+		return err
+	}
+	topic := p.writer.Topic
+	return RetryUnknownTopic(ctx, DefaultBackoff(), func() error {
+		ids, err := p.cluster.Partitions(ctx, topic)
+		if err != nil {
+			return err
+		}
+		reqs := make([]kafka.OffsetRequest, len(ids))
+		for i, id := range ids {
+			reqs[i] = kafka.LastOffsetOf(id)
+		}
+		resp, err := p.cluster.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+		if err != nil {
+			return fmt.Errorf("kafkautil: end offsets of %q: %w", topic, err)
+		}
+		for _, po := range resp.Topics[topic] {
+			if po.Error != nil {
+				return fmt.Errorf("kafkautil: end offset of %q partition %d: %w", topic, po.Partition, po.Error)
+			}
+		}
+		return nil
+	})
+}
+
 func (p *Producer) ensureTopic(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -30,6 +30,11 @@ var (
 	ErrClosed = errors.New("kafkabus: closed")
 )
 
+// minFetchWait is the shortest Config.FetchWait: kafka-go's reader keeps
+// 1 s of its fetch wait for the round trip, so less leaves the broker
+// nothing to hold and the reader polls.
+const minFetchWait = 2 * time.Second
+
 // recordOverhead is what a Kafka record adds to its key and value in
 // kafka-go's size estimate (and more than the v2 record format adds), plus
 // room for the batch header when a batch holds a single record.
@@ -79,6 +84,18 @@ type Config struct {
 	// MaxPendingReports bounds incomplete reports held per region; beyond
 	// it, the one with the lowest seq is dropped. Default 8.
 	MaxPendingReports int
+	// FetchWait is how long each partition reader's fetch may stay open,
+	// so that the broker always holds a fetch to answer the moment a report
+	// lands (a report then costs the consumer half a round trip, not a
+	// fetch cycle). kafka-go keeps 1 s of it for the round trip and lets
+	// the broker hold the rest, so it must be at least 2 s, and a round
+	// trip to the broker above 1 s turns every idle fetch into a
+	// reconnection. Default 5 s.
+	FetchWait time.Duration
+	// WarmInterval is how often Run calls Prepare again, keeping the
+	// producer's connections open between reports (kafka-go closes a
+	// connection after 30 s without a request). Default 10 s.
+	WarmInterval time.Duration
 	// Now is the clock for record timestamps and the consumer's start time.
 	// Nil means time.Now.
 	Now func() time.Time
@@ -95,6 +112,8 @@ func DefaultConfig() Config {
 		Retention:         time.Hour,
 		TopicPollInterval: 5 * time.Second,
 		MaxPendingReports: 8,
+		FetchWait:         5 * time.Second,
+		WarmInterval:      10 * time.Second,
 	}
 }
 
@@ -126,6 +145,18 @@ func (c *Config) Validate() error {
 	if c.MaxPendingReports < 0 {
 		return fmt.Errorf("%w: max pending reports %d: must not be negative", ErrConfig, c.MaxPendingReports)
 	}
+	if c.FetchWait == 0 {
+		c.FetchWait = d.FetchWait
+	}
+	if c.FetchWait < minFetchWait {
+		return fmt.Errorf("%w: fetch wait %v: want at least %v (kafka-go keeps 1 s of it for the round trip)", ErrConfig, c.FetchWait, minFetchWait)
+	}
+	if c.WarmInterval == 0 {
+		c.WarmInterval = d.WarmInterval
+	}
+	if c.WarmInterval < 0 {
+		return fmt.Errorf("%w: warm interval %v: must not be negative", ErrConfig, c.WarmInterval)
+	}
 	return nil
 }
 
@@ -147,11 +178,12 @@ type Stats struct {
 	Malformed        int64 // messages that did not decode or were not valid parts
 	Evicted          int64 // incomplete reports dropped (a part never arrived)
 	MissingTopics    int64 // consumed topics Run is currently waiting for
+	PrepareErrors    int64 // Prepare calls (Run's included) that failed
 }
 
 type counters struct {
 	publishedReports, publishedParts, consumedParts, deliveredReports atomic.Int64
-	duplicates, malformed, evicted, missingTopics                     atomic.Int64
+	duplicates, malformed, evicted, missingTopics, prepareErrors      atomic.Int64
 }
 
 // Bus publishes this region's usage reports and consumes every region's.
@@ -195,7 +227,7 @@ func (b *Bus) Stats() Stats {
 		PublishedReports: s.publishedReports.Load(), PublishedParts: s.publishedParts.Load(),
 		ConsumedParts: s.consumedParts.Load(), DeliveredReports: s.deliveredReports.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Evicted: s.evicted.Load(),
-		MissingTopics: s.missingTopics.Load(),
+		MissingTopics: s.missingTopics.Load(), PrepareErrors: s.prepareErrors.Load(),
 	}
 }
 
@@ -204,6 +236,26 @@ func (b *Bus) Stats() Stats {
 func (b *Bus) Close() error {
 	if err := b.producer.Close(); err != nil {
 		return fmt.Errorf("kafkabus: %w", err)
+	}
+	return nil
+}
+
+// Prepare readies the producer so that the next Publish costs one produce
+// round trip (see kafkautil.Producer.Prepare): Topic created (unless
+// SkipCreateTopic), its metadata loaded, a connection open to each of its
+// partition leaders. Without it the first Publish does all of that within
+// its own deadline: several round trips to the broker, which a far broker
+// and a short deadline (the driver's IOTimeout) do not allow. Run calls it
+// at start and every WarmInterval. It blocks until done or ctx ends; an
+// error (counted in Stats.PrepareErrors) changes nothing for later calls
+// or Publish. Safe for concurrent use.
+func (b *Bus) Prepare(ctx context.Context) error {
+	if err := b.producer.Prepare(ctx); err != nil {
+		b.stats.prepareErrors.Add(1)
+		if errors.Is(err, kafkautil.ErrClosed) {
+			return ErrClosed
+		}
+		return fmt.Errorf("kafkabus: prepare the producer of %q: %w", b.cfg.Topic, err)
 	}
 	return nil
 }

@@ -327,6 +327,8 @@ func TestConfigValidate(t *testing.T) {
 		{"empty consume topic", func(c *kafkabus.Config) { c.ConsumeTopics = []string{"a", ""} }, "consume topics[1] is empty"},
 		{"duplicate consume topic", func(c *kafkabus.Config) { c.ConsumeTopics = []string{"a", "a"} }, `"a" listed twice`},
 		{"negative retention", func(c *kafkabus.Config) { c.Retention = -1 }, "retention"},
+		{"short fetch wait", func(c *kafkabus.Config) { c.FetchWait = 500 * time.Millisecond }, "fetch wait 500ms: want at least 2s"},
+		{"negative warm interval", func(c *kafkabus.Config) { c.WarmInterval = -time.Second }, "warm interval -1s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -342,6 +344,8 @@ func TestConfigValidate(t *testing.T) {
 	assert.Equal(t, []string{kafkabus.DefaultTopic}, cfg.ConsumeTopics)
 	assert.Equal(t, 60*time.Second, cfg.Lookback)
 	assert.False(t, cfg.SkipCreateTopic)
+	assert.Equal(t, 5*time.Second, cfg.FetchWait)
+	assert.Equal(t, 10*time.Second, cfg.WarmInterval)
 	_, err := kafkabus.New(nil, kafkabus.DefaultConfig())
 	assert.True(t, errors.Is(err, kafkabus.ErrConfig))
 }

@@ -26,6 +26,12 @@ const maxDelivered = 256
 // now - Config.Lookback (see the package doc); the reading, topic polling
 // and partition discovery are kafkautil.ConsumeTopics.
 //
+// Run also keeps the producer ready: it calls Prepare at start and every
+// Config.WarmInterval (failures are counted in Stats.PrepareErrors and
+// tried again at the next interval), so that a Publish costs one produce
+// round trip, not the topic creation, metadata and connection set-up
+// inside the caller's deadline.
+//
 // Run blocks until ctx ends, then stops its readers and returns ctx.Err(),
 // or until reading fails for a reason other than the context, then returns
 // that error (wrapped) after stopping everything; the caller may call Run
@@ -35,6 +41,16 @@ func (b *Bus) Run(ctx context.Context, deliver func(*quotientv1.UsageReport)) er
 	if deliver == nil {
 		return fmt.Errorf("%w: deliver is nil", ErrConfig)
 	}
+	wctx, stopWarm := context.WithCancel(ctx)
+	warmed := make(chan struct{})
+	go func() {
+		defer close(warmed)
+		b.keepWarm(wctx)
+	}()
+	defer func() {
+		stopWarm()
+		<-warmed
+	}()
 	asm := newAssembler(b.cfg.MaxPendingReports, maxDelivered)
 	err := kafkautil.ConsumeTopics(ctx, b.cluster, b.consumeConfig(), func(_ context.Context, _ string, _ int, m kafka.Message) error {
 		b.stats.consumedParts.Add(1)
@@ -62,14 +78,29 @@ func (b *Bus) Run(ctx context.Context, deliver func(*quotientv1.UsageReport)) er
 	return err
 }
 
+// keepWarm calls Prepare now and every WarmInterval until ctx ends.
+func (b *Bus) keepWarm(ctx context.Context) {
+	t := time.NewTicker(b.cfg.WarmInterval)
+	defer t.Stop()
+	for {
+		_ = b.Prepare(ctx) // counted; Publish reports its own failures
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // consumeConfig says what Run reads: every partition of every consumed
-// topic from the lookback time, read ahead by up to 64 parts.
+// topic from the lookback time, read ahead by up to 64 parts, each fetch
+// held open up to FetchWait.
 func (b *Bus) consumeConfig() kafkautil.ConsumeConfig {
 	return kafkautil.ConsumeConfig{
 		Topics:       b.cfg.ConsumeTopics,
 		PollInterval: b.cfg.TopicPollInterval,
 		Buffer:       64,
-		Reader:       kafkautil.ReaderConfig{MaxBytes: 4 * b.cfg.MaxMessageBytes},
+		Reader:       kafkautil.ReaderConfig{MaxBytes: 4 * b.cfg.MaxMessageBytes, MaxWait: b.cfg.FetchWait},
 		StartOffsets: b.cluster.StartAt(func() time.Time { return b.cfg.Now().Add(-b.cfg.Lookback) }),
 		Missing: func(_ string, missing bool) {
 			if missing {

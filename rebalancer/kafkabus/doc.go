@@ -48,6 +48,25 @@
 // replaying the topic. Parts of a report cut by the start time never
 // complete and are dropped (counted in Stats.Evicted).
 //
+// # What a report costs
+//
+// With RTT the round trip from a region to the broker (the partition
+// leader): Publish returns after one RTT (the produce request and its
+// acks=all answer), and the report reaches every other region's Run about
+// one RTT after Publish was called: half an RTT to the broker, half an RTT
+// back on the fetch each partition reader keeps open at the broker
+// (Config.FetchWait) and the broker answers as soon as the report lands.
+// Up to one RTT more when no fetch is waiting: the reader's last fetch was
+// just answered (empty after FetchWait minus 1 s, or with another region's
+// report on the same partition) and its next one is on its way. Run keeps
+// the producer ready (Prepare, at start and every Config.WarmInterval), so
+// the topic creation, metadata and connection set-up (about seven RTT,
+// measured) are not paid inside a Publish's deadline.
+// TestReportDeliveryRoundTrips measures this through a delaying proxy.
+// kafka-go's reader gives a fetch's answer 1 s to come back, so a round
+// trip to the broker must stay below 1 s (else every idle fetch ends in a
+// reconnection).
+//
 // # Delivery guarantees
 //
 // At least once, per region in order, across regions in any order. The
@@ -62,6 +81,7 @@
 // # What it does not do
 //
 // It does not interpret reports (no shares, no silence detection), keeps no
-// state across restarts, starts no goroutines outside Run and Publish, and
-// logs nothing: counts of dropped and malformed messages are in Stats.
+// state across restarts, starts no goroutines outside Run, Publish and
+// Prepare, and logs nothing: counts of dropped and malformed messages and
+// failed preparations are in Stats.
 package kafkabus
