@@ -70,10 +70,11 @@ type Config struct {
 	// assignment until TTL + InFlight after it decided it, since the
 	// Envoy's TTL starts when it receives it. Default 1 s.
 	InFlight time.Duration
-	// ThresholdPermille: an assignment is re-sent when its target moves
-	// by more than this fraction (in thousandths) of the larger of the old
-	// and the new value, in rate or burst; otherwise it is kept (and
-	// extended). Default 100 (10 %).
+	// ThresholdPermille: an assignment whose target rate moves by no more
+	// than this fraction (in thousandths) of the larger of the old and the
+	// new value is kept (and extended), except a raise of more than a
+	// quarter of it for an Envoy that needs more (LowerReports); every new
+	// assignment is a full Envoy bucket. Default 100 (10 %).
 	ThresholdPermille int64
 	// IdleTimeout: a bucket of an Envoy that reported no request for this
 	// long gets an AbandonAction. Default 60 s.
