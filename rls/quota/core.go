@@ -660,8 +660,9 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 			}
 		}
 	}
-	// A raise cut to within the threshold of what the Envoy has is not
-	// worth a new bucket: it keeps its assignment (extended when due).
+	// A raise cut to no more than a quarter of the threshold over what
+	// the Envoy has is not worth a new bucket: it keeps its assignment
+	// (extended when due).
 	{
 		kept := cands[:0]
 		for _, cd := range cands {

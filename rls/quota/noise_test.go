@@ -114,3 +114,22 @@ func noisyUsage(m uint64) Usage {
 	allowed := min(m, 10)
 	return Usage{Allowed: allowed, Denied: m - allowed, Elapsed: time.Second}
 }
+
+func TestConfigValidateNamesTheField(t *testing.T) {
+	for _, tc := range []struct {
+		field string
+		set   func(*Config)
+	}{
+		{"BurstSparePermille", func(c *Config) { c.BurstSparePermille = -1 }},
+		{"BurstSparePermille", func(c *Config) { c.BurstSparePermille = 1000 }},
+		{"LowerReports", func(c *Config) { c.LowerReports = 0 }},
+		{"LowerReports", func(c *Config) { c.LowerReports = 65 }},
+	} {
+		cfg := DefaultConfig()
+		tc.set(&cfg)
+		err := cfg.Validate()
+		require.ErrorIs(t, err, ErrConfig)
+		assert.Contains(t, err.Error(), tc.field)
+	}
+	require.NoError(t, DefaultConfig().Validate())
+}
