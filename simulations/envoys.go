@@ -106,6 +106,27 @@ type envoyBucket struct {
 	allowed  uint64
 	denied   uint64
 	reported int64 // true ns of the bucket's last report (or creation)
+	// replaced: the token buckets of earlier assignments that a new
+	// strategy replaced before they expired. Their bursts count as held
+	// until then (what the Envoy spent of them is not known to the
+	// server), so that held counts the full bucket every new assignment
+	// grants.
+	replaced []heldBurst
+}
+
+// heldBurst is the burst of a replaced assignment, held until expires
+// (true ns).
+type heldBurst struct {
+	burstMilli int64
+	expires    int64
+}
+
+// retire records the assignment in force as replaced at at, if it has
+// not expired.
+func (b *envoyBucket) retire(at int64) {
+	if h := b.held(at); h.BurstMilli > 0 {
+		b.replaced = append(b.replaced, heldBurst{burstMilli: h.BurstMilli, expires: b.expires})
+	}
 }
 
 func (b *envoyBucket) fallback(at int64) {
@@ -133,6 +154,7 @@ func (b *envoyBucket) admit(at int64) bool {
 // assign applies one assignment received at true time at.
 func (b *envoyBucket) assign(at int64, s *typev3.RateLimitStrategy, ttl time.Duration) {
 	if ttl <= 0 {
+		b.retire(at)
 		b.fallback(at)
 		return
 	}
@@ -140,6 +162,7 @@ func (b *envoyBucket) assign(at int64, s *typev3.RateLimitStrategy, ttl time.Dur
 		b.expires = at + int64(ttl) // an extension: the bucket goes on
 		return
 	}
+	b.retire(at)
 	b.strategy, b.expires = s, at+int64(ttl)
 	if tb := s.GetTokenBucket(); tb != nil {
 		a, _ := quota.AmountOf(s)
@@ -161,6 +184,18 @@ func (b *envoyBucket) held(at int64) quota.Amount {
 		return quota.Amount{}
 	}
 	a, _ := quota.AmountOf(b.strategy)
+	return a
+}
+
+// heldWithReplaced is held plus the bursts of the replaced assignments
+// that have not expired at at: what rls/quota's invariant bounds, since
+// every new strategy is a full bucket.
+func (b *envoyBucket) heldWithReplaced(at int64) quota.Amount {
+	a := b.held(at)
+	b.replaced = slices.DeleteFunc(b.replaced, func(h heldBurst) bool { return at >= h.expires })
+	for _, h := range b.replaced {
+		a.BurstMilli += h.burstMilli
+	}
 	return a
 }
 
@@ -333,12 +368,13 @@ func (r *envoyRegion) drain(at int64) {
 }
 
 // held sums, over the Envoys, what their assignments of tracked key k let
-// them admit at true time at: the quantity rls/quota's invariant bounds.
+// them admit at true time at, the bursts of replaced assignments that have
+// not expired included: the quantity rls/quota's invariant bounds.
 func (r *envoyRegion) held(at int64, k int) quota.Amount {
 	var sum quota.Amount
 	for _, env := range r.envoys {
 		if b := env.buckets[k]; b != nil {
-			h := b.held(at)
+			h := b.heldWithReplaced(at)
 			sum.RateMilli += h.RateMilli
 			sum.BurstMilli += h.BurstMilli
 		}

@@ -222,7 +222,8 @@ func TestEnvoyShiftResplitsWithinShare(t *testing.T) {
 }
 
 // TestRLQSScenarioWithinShareAtEveryStep runs rlqs-abrupt-shift (a global
-// limit enforced only through Envoys in three regions) and checks after
+// limit enforced only through Envoys in three regions) and its variant
+// with 10 Envoys per region, rlqs-many-envoys, and checks after
 // every event of the tier and every request through it that each region's
 // Envoys hold no more than the region's share. The share the coordinator
 // lowers is reached TTL + InFlight after the server read it at the latest
@@ -230,9 +231,17 @@ func TestEnvoyShiftResplitsWithinShare(t *testing.T) {
 // the bound at t is the largest share in force within that span before t.
 // It also checks that the Envoys' usage reached the coordinators: after
 // the shift, eu-west's share is above the default third and us-east's
-// below it.
+// below it. The Envoys hold, besides the assignments in force, the full
+// bucket of every assignment a new one replaced before it expired
+// (envoyBucket.heldWithReplaced); and each file meets its target.
 func TestRLQSScenarioWithinShareAtEveryStep(t *testing.T) {
-	data, err := os.ReadFile("scenarios/rlqs-abrupt-shift.json")
+	for _, f := range []string{"rlqs-abrupt-shift", "rlqs-many-envoys"} {
+		t.Run(f, func(t *testing.T) { runRLQSScenarioWithinShare(t, "scenarios/"+f+".json") })
+	}
+}
+
+func runRLQSScenarioWithinShare(t *testing.T, file string) {
+	data, err := os.ReadFile(file)
 	require.NoError(t, err)
 	sc, err := ParseScenario(data)
 	require.NoError(t, err)

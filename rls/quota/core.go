@@ -70,10 +70,11 @@ type Config struct {
 	// assignment until TTL + InFlight after it decided it, since the
 	// Envoy's TTL starts when it receives it. Default 1 s.
 	InFlight time.Duration
-	// ThresholdPermille: an assignment is re-sent when its target moves
-	// by more than this fraction (in thousandths) of the larger of the old
-	// and the new value, in rate or burst; otherwise it is kept (and
-	// extended). Default 100 (10 %).
+	// ThresholdPermille: an assignment whose target rate moves by no more
+	// than this fraction (in thousandths) of the larger of the old and the
+	// new value is kept (and extended), except a raise of more than a
+	// quarter of it for an Envoy that needs more (LowerReports); every new
+	// assignment is a full Envoy bucket. Default 100 (10 %).
 	ThresholdPermille int64
 	// IdleTimeout: a bucket of an Envoy that reported no request for this
 	// long gets an AbandonAction. Default 60 s.
@@ -85,11 +86,30 @@ type Config struct {
 	// demand is updated (its first report sets it at once, as if it
 	// covered MinElapsed). Default 500 ms.
 	MinElapsed time.Duration
+	// BurstSparePermille is the part of the share's burst, in thousandths,
+	// that the split leaves unassigned. Every new assignment (anything but
+	// an extension) starts a full Envoy token bucket, so its burst is
+	// reserved on top of the bursts of the assignments it replaces until
+	// those run out; the spare part is what lets an assignment be changed
+	// while the one before it is still reserved. A new assignment whose
+	// burst does not fit is sent with the burst that does, or, under one
+	// request, not sent (the Envoy keeps the one it has). Default 500.
+	BurstSparePermille int64
+	// LowerReports is how many of an Envoy's latest demand measurements
+	// (each MinElapsed or more) make up the span over which a lowering is
+	// judged. An assignment is lowered only when the requests reported,
+	// over the latest measurement or over this span, are significantly
+	// below its rate (two standard deviations of a Poisson count), so that
+	// one low second of noise does not lower an assignment that is raised
+	// back a second later (each change is a full Envoy bucket). Raises
+	// are sent at once. Default 4.
+	LowerReports int
 }
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
-	return Config{TTL: 5 * time.Second, InFlight: time.Second, ThresholdPermille: 100, IdleTimeout: time.Minute, MinElapsed: 500 * time.Millisecond}
+	return Config{TTL: 5 * time.Second, InFlight: time.Second, ThresholdPermille: 100, IdleTimeout: time.Minute, MinElapsed: 500 * time.Millisecond,
+		BurstSparePermille: 250, LowerReports: 4}
 }
 
 // ErrConfig is wrapped by the errors of Config.Validate.
@@ -108,6 +128,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: IdleTimeout must be > 0, got %v", ErrConfig, c.IdleTimeout)
 	case c.MinElapsed <= 0:
 		return fmt.Errorf("%w: MinElapsed must be > 0, got %v", ErrConfig, c.MinElapsed)
+	case c.BurstSparePermille < 0 || c.BurstSparePermille >= 1000:
+		return fmt.Errorf("%w: BurstSparePermille must be in [0, 1000), got %d", ErrConfig, c.BurstSparePermille)
+	case c.LowerReports < 1 || c.LowerReports > 64:
+		return fmt.Errorf("%w: LowerReports must be in [1, 64], got %d", ErrConfig, c.LowerReports)
 	}
 	return nil
 }
@@ -134,10 +158,20 @@ type Action struct {
 	TTL time.Duration
 }
 
-// grant is one assignment sent, reserved until until.
+// grant is one assignment sent, reserved until until: its rate while it
+// may be in force, its burst (a full Envoy bucket) as long, since it
+// cannot be known what the Envoy spent of it. An extension prolongs the
+// grant it extends instead of making one.
 type grant struct {
 	amt   Amount
 	until time.Time
+}
+
+// measure is one demand measurement: requests reported (n, of which
+// denied were denied) over a span.
+type measure struct {
+	n, denied uint64
+	elapsed   time.Duration
 }
 
 // sub is one Envoy's subscription to one bucket.
@@ -146,7 +180,9 @@ type sub struct {
 	abandoned  bool
 	demand     int64 // milli requests per second, over the last MinElapsed or more
 	hasDemand  bool
+	measures   []measure     // the latest LowerReports measurements, oldest first
 	accN       uint64        // requests reported since demand was last set
+	accDenied  uint64        // of which denied
 	accElapsed time.Duration // time those reports cover
 	lastActive time.Time
 	hasCur     bool // cur was sent and has not expired on the Envoy
@@ -155,26 +191,100 @@ type sub struct {
 	grants     []grant
 }
 
-// reserved is what the Envoy may be admitting at now: the largest of its
-// grants that have not run out, component by component.
+// reserved is what the Envoy may be admitting at now (grants pruned): the
+// largest rate of its grants that have not run out (it enforces one at a
+// time) and the sum of their bursts (each was a full bucket).
 func (s *sub) reserved() Amount {
 	var r Amount
 	for _, g := range s.grants {
-		r = maxAmount(r, g.amt)
+		r.RateMilli = max(r.RateMilli, g.amt.RateMilli)
+		r.BurstMilli = satAdd(r.BurstMilli, g.amt.BurstMilli)
 	}
 	return r
 }
 
 // reservedAt is what the Envoy may be admitting at t >= now by the grants
-// made so far: the largest of those that have not run out at t.
+// made so far, counting those that have not run out at t as reserved does.
 func (s *sub) reservedAt(t time.Time) Amount {
 	var r Amount
 	for _, g := range s.grants {
 		if t.Before(g.until) {
-			r = maxAmount(r, g.amt)
+			r.RateMilli = max(r.RateMilli, g.amt.RateMilli)
+			r.BurstMilli = satAdd(r.BurstMilli, g.amt.BurstMilli)
 		}
 	}
 	return r
+}
+
+// significantlyBelow reports whether the requests measured are, with three
+// standard deviations of a Poisson count to spare, fewer than rateMilli
+// over the span: n + 3*sqrt(n) + 4.5 < rate * elapsed. A measurement that
+// is not cannot tell a lower demand from noise.
+func significantlyBelow(m measure, rateMilli int64) bool {
+	if m.elapsed <= 0 {
+		return false
+	}
+	n := float64(m.n)
+	return (n+3*math.Sqrt(n)+4.5)*1000 < float64(rateMilli)*m.elapsed.Seconds()
+}
+
+// significantlyAbove is the converse: n - 3*sqrt(n) > rate * elapsed.
+func significantlyAbove(m measure, rateMilli int64) bool {
+	n := float64(m.n)
+	return (n-3*math.Sqrt(n))*1000 > float64(rateMilli)*m.elapsed.Seconds()
+}
+
+// window is the latest measurement and all of the latest LowerReports
+// together.
+func (s *sub) window() (last, all measure) {
+	for _, m := range s.measures {
+		all.n, all.denied, all.elapsed = min(all.n+m.n, math.MaxInt64), min(all.denied+m.denied, math.MaxInt64), all.elapsed+m.elapsed
+	}
+	if len(s.measures) > 0 {
+		last = s.measures[len(s.measures)-1]
+	}
+	return last, all
+}
+
+// splitDemand is the demand the split uses (milli requests per second):
+// the larger of the latest measurement and the mean over the latest
+// LowerReports, unless the latest is significantly below that mean (a
+// sudden drop, believed at once). One low count of noise then does not
+// hand the Envoy's part to the others, to be taken back a second later.
+func (s *sub) splitDemand() int64 {
+	if len(s.measures) == 0 {
+		return s.demand
+	}
+	last, all := s.window()
+	mean := mulDiv(int64(min(all.n, math.MaxInt64/4)), 1_000_000, max(1, all.elapsed.Milliseconds()))
+	if significantlyBelow(last, mean) {
+		return s.demand
+	}
+	return max(s.demand, mean)
+}
+
+// wantsMore reports whether the Envoy's reports show it needs more than
+// rateMilli: its latest report denied requests, or its demand is
+// significantly above, over the latest measurement or the latest
+// LowerReports. An Envoy whose demand is met gains nothing from a raise
+// but a new bucket.
+func (s *sub) wantsMore(rateMilli int64) bool {
+	if len(s.measures) == 0 {
+		return true
+	}
+	last, all := s.window()
+	return last.denied > 0 || significantlyAbove(last, rateMilli) || significantlyAbove(all, rateMilli)
+}
+
+// lowerable reports whether the Envoy's reports show its demand below
+// rateMilli: over its latest measurement (a sudden drop, lowered at once)
+// or over the latest LowerReports together (a sustained one).
+func (s *sub) lowerable(rateMilli int64) bool {
+	if len(s.measures) == 0 {
+		return true
+	}
+	last, all := s.window()
+	return significantlyBelow(last, rateMilli) || significantlyBelow(all, rateMilli)
 }
 
 func (s *sub) prune(now time.Time, ttl time.Duration) {
@@ -264,11 +374,16 @@ func (c *Core) Report(now time.Time, e EnvoyID, k BucketKey, u Usage) []Action {
 		s.lastActive = now
 	}
 	s.accN = min(s.accN+min(n, math.MaxInt64/4), math.MaxInt64/4)
+	s.accDenied = min(s.accDenied+min(u.Denied, math.MaxInt64/4), s.accN)
 	s.accElapsed += u.Elapsed
 	if !s.hasDemand || s.accElapsed >= c.cfg.MinElapsed {
 		elapsed := max(s.accElapsed, c.cfg.MinElapsed)
 		s.demand = mulDiv(int64(s.accN), 1_000_000, max(1, elapsed.Milliseconds()))
-		s.hasDemand, s.accN, s.accElapsed = true, 0, 0
+		s.measures = append(s.measures, measure{n: s.accN, denied: s.accDenied, elapsed: elapsed})
+		if len(s.measures) > c.cfg.LowerReports {
+			s.measures = slices.Delete(s.measures, 0, len(s.measures)-c.cfg.LowerReports)
+		}
+		s.hasDemand, s.accN, s.accDenied, s.accElapsed = true, 0, 0, 0
 	}
 	return c.decide(now, k, b, nil)
 }
@@ -368,16 +483,19 @@ func sortedEnvoys(b *bucket) []EnvoyID {
 	return ids
 }
 
-// near reports whether target is within the threshold of cur.
-func (c *Core) near(cur, target Amount) bool {
-	close := func(a, b int64) bool {
-		d := a - b
-		if d < 0 {
-			d = -d
-		}
-		return d <= mulDiv(max(a, b), c.cfg.ThresholdPermille, 1000)
+// worthRaise reports whether raising cur to target is worth a new bucket
+// for an Envoy that needs more: by more than a quarter of the threshold.
+func (c *Core) worthRaise(cur, target int64) bool {
+	return target-cur > mulDiv(cur, c.cfg.ThresholdPermille, 4000)
+}
+
+// close reports whether a and b are within the threshold of each other.
+func (c *Core) close(a, b int64) bool {
+	d := a - b
+	if d < 0 {
+		d = -d
 	}
-	return close(cur.RateMilli, target.RateMilli) && close(cur.BurstMilli, target.BurstMilli)
+	return d <= mulDiv(max(a, b), c.cfg.ThresholdPermille, 1000)
 }
 
 // decide re-splits bucket k and appends the actions to out. The steps,
@@ -428,27 +546,64 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 	}
 	demands := make([]int64, len(active))
 	for i, e := range active {
-		demands[i] = b.subs[e].demand
+		demands[i] = b.subs[e].splitDemand()
 	}
-	targets := split(b.share, demands)
+	splitShare := b.share
+	splitShare.BurstMilli -= mulDiv(splitShare.BurstMilli, c.cfg.BurstSparePermille, 1000)
+	targets := split(splitShare, demands)
 	plan := slices.Clone(targets)
-	var kept Amount
-	sticky := false
-	for i, e := range active {
-		if s := b.subs[e]; s.hasCur && c.near(s.cur, targets[i]) {
-			plan[i], sticky = s.cur, true
+	// Keep the rate of an assignment within the threshold of its target,
+	// of one whose target is lower while the Envoy's reports do not show
+	// its demand significantly below it (noise), and of one whose target
+	// is higher while its reports do not show that it needs more; with
+	// its burst, unless the target's is more than twice it (a burst cut
+	// to fit earlier: then a burst-only raise, sent only if it fits
+	// whole, below). Unless the kept ones would not fit in the share:
+	// then the noise ones go first, then all.
+	burstOnly := make([]bool, len(active))
+	keep := func(noise bool) bool {
+		var kept Amount
+		sticky := false
+		for i, e := range active {
+			s := b.subs[e]
+			plan[i], burstOnly[i] = targets[i], false
+			up := targets[i].RateMilli > s.cur.RateMilli
+			if s.hasCur && (!up && c.close(s.cur.RateMilli, targets[i].RateMilli) ||
+				up && (!c.worthRaise(s.cur.RateMilli, targets[i].RateMilli) || !s.wantsMore(s.cur.RateMilli)) ||
+				noise && !up && !s.lowerable(s.cur.RateMilli)) {
+				plan[i], sticky = s.cur, true
+				// The burst the target gives at the rate kept.
+				want := targets[i].BurstMilli
+				if up {
+					want = mulDiv(want, s.cur.RateMilli, targets[i].RateMilli)
+				}
+				if want > 2*s.cur.BurstMilli {
+					plan[i].BurstMilli, burstOnly[i] = want, true
+				}
+			}
+			if s.hasCur {
+				// A raise is cut below to what fits; counted here at
+				// what the Envoy has.
+				kept = kept.add(Amount{min(plan[i].RateMilli, s.cur.RateMilli), min(plan[i].BurstMilli, s.cur.BurstMilli)})
+			} else {
+				kept = kept.add(plan[i])
+			}
 		}
-		kept = kept.add(plan[i])
+		return !sticky || kept.fits(b.share)
 	}
-	if sticky && !kept.fits(b.share) {
+	if !keep(true) && !keep(false) {
 		copy(plan, targets)
+		clear(burstOnly)
 	}
 	// Candidates: every active Envoy whose assignment changes or is due
 	// for extension, at its plan.
 	type cand struct {
-		s *sub
-		e EnvoyID
-		g Amount
+		s     *sub
+		e     EnvoyID
+		bo    bool   // a burst-only raise
+		plan  Amount // wire(plan)
+		g     Amount // plan, its raises cut
+		fresh bool   // starts a new Envoy bucket (not an extension)
 	}
 	var cands []cand
 	for i, e := range active {
@@ -457,18 +612,22 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 		if s.hasCur && p == s.cur && !extendAt(s) {
 			continue
 		}
-		cands = append(cands, cand{s: s, e: e, g: p})
+		cands = append(cands, cand{s: s, e: e, bo: burstOnly[i], plan: p, g: p})
 	}
 	if len(cands) == 0 {
 		return out
 	}
-	// Every candidate's grant outlives every grant already made, so at
-	// each instant t from now on the Envoy reserves max(R(t), g). At no
-	// such instant may the sum rise above the share (or above what it
-	// already is, when a lowered share has not been reached yet): at each
-	// breakpoint (now and every expiry) the raises above R(t) are cut, in
-	// proportion, to fit. Cutting only lowers sums, so the instants
-	// already checked stay within their bounds.
+	// Every candidate's grant outlives every grant already made. At each
+	// instant t from now on (now and every expiry: between them the
+	// reservations only fall) the Envoy's rate is max(R(t), g) and its
+	// burst R(t) + g for a new bucket, R(t) for an extension while the
+	// grant it extends has not run out and R(t) + g after. At no such
+	// instant may the sum rise above the share (or above what it already
+	// is, when a lowered share has not been reached yet): at each instant
+	// the raises are cut, in proportion, to fit. Cutting only lowers sums,
+	// so the instants already checked stay within their bounds. Rates
+	// first; then, since a cut makes an extension a new bucket, the
+	// bursts are checked again from the start until no extension is cut.
 	times := []time.Time{now}
 	for _, s := range b.subs {
 		for _, g := range s.grants {
@@ -477,29 +636,120 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 	}
 	slices.SortFunc(times, func(x, y time.Time) int { return x.Compare(y) })
 	times = slices.Compact(times)
-	rate := func(a *Amount) *int64 { return &a.RateMilli }
-	burst := func(a *Amount) *int64 { return &a.BurstMilli }
-	for _, t := range times {
-		var sum Amount
+	sums := make([]Amount, len(times))
+	for j, t := range times {
 		for _, s := range b.subs {
-			sum = sum.add(s.reservedAt(t))
+			sums[j] = sums[j].add(s.reservedAt(t))
 		}
-		for _, field := range []func(*Amount) *int64{rate, burst} {
-			budget := max(*field(&b.share), *field(&sum))
-			var raise int64
-			for i := range cands {
-				r := cands[i].s.reservedAt(t)
-				raise += max(0, *field(&cands[i].g)-*field(&r))
+	}
+	for j, t := range times {
+		sum := sums[j]
+		budget := max(b.share.RateMilli, sum.RateMilli)
+		var raise int64
+		for i := range cands {
+			raise += max(0, cands[i].g.RateMilli-cands[i].s.reservedAt(t).RateMilli)
+		}
+		if sum.RateMilli+raise <= budget {
+			continue
+		}
+		room := budget - sum.RateMilli
+		for i := range cands {
+			r := cands[i].s.reservedAt(t).RateMilli
+			if x := cands[i].g.RateMilli - r; x > 0 {
+				cands[i].g.RateMilli = r + mulDiv(x, room, raise)
 			}
-			if *field(&sum)+raise <= budget {
+		}
+	}
+	// A raise cut to no more than a quarter of the threshold over what
+	// the Envoy has is not worth a new bucket: it keeps its assignment
+	// (extended when due).
+	{
+		kept := cands[:0]
+		for _, cd := range cands {
+			if s := cd.s; s.hasCur && cd.plan.RateMilli > s.cur.RateMilli && cd.g.RateMilli >= s.cur.RateMilli && !c.worthRaise(s.cur.RateMilli, cd.g.RateMilli) {
+				if !extendAt(s) {
+					continue
+				}
+				cd.g, cd.plan, cd.bo = s.cur, s.cur, false
+			}
+			kept = append(kept, cd)
+		}
+		cands = kept
+	}
+	// An extension reaches the Envoy before the assignment it extends
+	// expires there only if sent InFlight before that.
+	classify := func(cd *cand) {
+		cd.fresh = !(cd.s.hasCur && wire(cd.g) == cd.s.cur && now.Add(c.cfg.InFlight).Before(cd.s.curSent.Add(ttl)))
+	}
+	for i := range cands {
+		classify(&cands[i])
+	}
+	// A burst-only raise is worth a new bucket only if it fits whole
+	// beside the other new buckets (room is least at now: reservations
+	// only fall later); otherwise the assignment is kept (and extended
+	// when due). Bursts cut to fit would be raised again as room is
+	// freed, each time a new bucket.
+	room := max(b.share.BurstMilli, sums[0].BurstMilli) - sums[0].BurstMilli
+	for i := range cands {
+		if cands[i].fresh && !cands[i].bo {
+			room -= cands[i].g.BurstMilli
+		}
+	}
+	kept := cands[:0]
+	for _, cd := range cands {
+		if cd.bo && cd.g.RateMilli == cd.s.cur.RateMilli {
+			// (A rate cut below the Envoy's makes it a lowering, sent
+			// as cut.)
+			if cd.g.BurstMilli <= room {
+				room -= cd.g.BurstMilli
+			} else if extendAt(cd.s) {
+				cd.g, cd.plan = cd.s.cur, cd.s.cur
+				classify(&cd)
+			} else {
 				continue
 			}
-			room := budget - *field(&sum)
+		}
+		kept = append(kept, cd)
+	}
+	cands = kept
+	if len(cands) == 0 {
+		return out
+	}
+	rated := make([]Amount, len(cands))
+	for i := range cands {
+		rated[i] = cands[i].g
+	}
+	for again := true; again; {
+		again = false
+		for i := range cands {
+			cands[i].g = rated[i]
+		}
+		for j, t := range times {
+			sum := sums[j].BurstMilli
+			budget := max(b.share.BurstMilli, sum)
+			var raise int64
+			adds := func(cd *cand) bool {
+				return cd.fresh || !t.Before(cd.s.grants[len(cd.s.grants)-1].until)
+			}
 			for i := range cands {
-				r := cands[i].s.reservedAt(t)
-				if x := *field(&cands[i].g) - *field(&r); x > 0 {
-					*field(&cands[i].g) = *field(&r) + mulDiv(x, room, raise)
+				if adds(&cands[i]) {
+					raise = satAdd(raise, cands[i].g.BurstMilli)
 				}
+			}
+			if satAdd(sum, raise) <= budget {
+				continue
+			}
+			room := budget - sum
+			for i := range cands {
+				if cd := &cands[i]; adds(cd) {
+					cd.g.BurstMilli = mulDiv(cd.g.BurstMilli, room, raise)
+					if !cd.fresh && cd.g.BurstMilli < cd.plan.BurstMilli {
+						cd.fresh, again = true, true
+					}
+				}
+			}
+			if again {
+				break
 			}
 		}
 	}
@@ -508,8 +758,17 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 		if s.hasCur && next == s.cur && !extendAt(s) {
 			continue
 		}
+		if s.hasCur && next == (Amount{}) && cd.g.RateMilli > 0 && cd.plan.BurstMilli >= 1000 {
+			// The burst room is short for a new bucket: the Envoy keeps
+			// the assignment it has (still reserved) until room is freed.
+			continue
+		}
+		if !cd.fresh {
+			s.grants[len(s.grants)-1].until = now.Add(ttl + c.cfg.InFlight)
+		} else {
+			s.grants = append(s.grants, grant{amt: next, until: now.Add(ttl + c.cfg.InFlight)})
+		}
 		s.hasCur, s.cur, s.curSent = true, next, now
-		s.grants = append(s.grants, grant{amt: next, until: now.Add(ttl + c.cfg.InFlight)})
 		out = append(out, Action{Envoy: cd.e, Bucket: k, Amount: next, TTL: ttl})
 	}
 	return out

@@ -13,11 +13,17 @@ import (
 var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
 // ledger is the test's own record of every assignment the core sent, from
-// which it computes what each Envoy may be admitting: an assignment sent
-// at t with TTL d binds the Envoy until t + d + InFlight (it reaches the
-// Envoy within InFlight and the Envoy enforces it for d from then), and
-// an Envoy enforces one assignment at a time, so it admits at most the
-// largest of those still binding. Encoded strategies are decoded, so
+// which it computes what the Envoys may admit: an assignment sent at t with
+// TTL d binds the Envoy until t + d + InFlight (it reaches the Envoy within
+// InFlight and the Envoy enforces it for d from then). An Envoy enforces
+// one assignment at a time, so its rate is the largest of those still
+// binding. Bursts add up: every assignment that is not an extension starts
+// a fresh, full Envoy token bucket, so its burst is held (may still be
+// spent) until it stops binding, whatever the Envoy spent of the buckets
+// before it. An assignment is an extension only when it is the same
+// strategy as the Envoy's last one and is sure to reach the Envoy before
+// that one expires there (sent before last sent + d - InFlight); it then
+// prolongs the last one's bucket. Encoded strategies are decoded, so
 // rounding on the wire is checked too.
 type ledger struct {
 	inFlight time.Duration
@@ -25,8 +31,10 @@ type ledger struct {
 }
 
 type sentGrant struct {
-	amt   Amount
-	until time.Time
+	amt    Amount
+	sentAt time.Time
+	ttl    time.Duration
+	until  time.Time
 }
 
 func newLedger(cfg Config) *ledger {
@@ -42,20 +50,32 @@ func (l *ledger) record(now time.Time, acts []Action) {
 		if unlimited {
 			continue
 		}
-		l.sent[a.Envoy] = append(l.sent[a.Envoy], sentGrant{amt: amt, until: now.Add(a.TTL + l.inFlight)})
+		gs := l.sent[a.Envoy]
+		if n := len(gs); n > 0 && gs[n-1].amt == amt && now.Add(l.inFlight).Before(gs[n-1].sentAt.Add(gs[n-1].ttl)) {
+			last := &gs[n-1]
+			last.sentAt, last.ttl = now, a.TTL
+			if u := now.Add(a.TTL + l.inFlight); u.After(last.until) {
+				last.until = u
+			}
+			continue
+		}
+		l.sent[a.Envoy] = append(gs, sentGrant{amt: amt, sentAt: now, ttl: a.TTL, until: now.Add(a.TTL + l.inFlight)})
 	}
 }
 
+// total is what the Envoys may admit at now: the sum of their rates, and
+// of every burst still held.
 func (l *ledger) total(now time.Time) Amount {
 	var sum Amount
 	for _, gs := range l.sent {
-		var m Amount
+		var rate int64
 		for _, g := range gs {
 			if now.Before(g.until) {
-				m = maxAmount(m, g.amt)
+				rate = max(rate, g.amt.RateMilli)
+				sum.BurstMilli += g.amt.BurstMilli
 			}
 		}
-		sum = sum.add(m)
+		sum.RateMilli += rate
 	}
 	return sum
 }

@@ -224,16 +224,25 @@ func (r *receipts) on(e *envoy, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.clock.Now()
-	r.by[e.name] = append(r.by[e.name], sentGrant{amt: amt, until: now.Add(qa.GetAssignmentTimeToLive().AsDuration())})
+	until := now.Add(qa.GetAssignmentTimeToLive().AsDuration())
+	// The same strategy before the last one expired is an extension (the
+	// bucket goes on); anything else starts a full bucket, whose burst is
+	// held on top of the earlier ones' until they would have expired.
+	if gs := r.by[e.name]; len(gs) > 0 && gs[len(gs)-1].amt == amt && now.Before(gs[len(gs)-1].until) {
+		gs[len(gs)-1].until = until
+	} else {
+		r.by[e.name] = append(gs, sentGrant{amt: amt, until: until})
+	}
 	var sum Amount
 	for _, gs := range r.by {
-		var m Amount
+		var rate int64
 		for _, g := range gs {
 			if now.Before(g.until) {
-				m = maxAmount(m, g.amt)
+				rate = max(rate, g.amt.RateMilli)
+				sum.BurstMilli += g.amt.BurstMilli
 			}
 		}
-		sum = sum.add(m)
+		sum.RateMilli += rate
 	}
 	if s := r.share(); !sum.fits(s) {
 		r.bad = append(r.bad, e.name+": sum "+fmtAmount(sum)+" above share "+fmtAmount(s))
@@ -302,7 +311,14 @@ func TestEnvoysMaxMinFairThenShareChange(t *testing.T) {
 	require.NoError(t, limiter.NewRedisStore(h.rc).SetShare(context.Background(), subj, policyID, 50_000, 50_000, time.Minute))
 	before := []int{es[0].count(), es[1].count(), es[2].count()}
 	aBefore := es[0].latest()
+	// b's and c's lowered assignments are new buckets, whose bursts do
+	// not fit beside those of the assignments they replace (the sum is
+	// above the halved share): they are sent once those run out, TTL +
+	// InFlight after they were sent. a's is extended meanwhile.
 	h.srv.Tick(context.Background(), h.clock.Advance(time.Second))
+	h.srv.Tick(context.Background(), h.clock.Advance(h.qcfg.TTL/2))
+	waitFor(t, "a's extension", func() bool { return es[0].count() > before[0] })
+	h.srv.Tick(context.Background(), h.clock.Advance(h.qcfg.TTL+h.qcfg.InFlight-time.Second-h.qcfg.TTL/2+250*time.Millisecond))
 	waitFor(t, "re-sent assignments within the halved share", func() bool {
 		var s Amount
 		for i, e := range es {
