@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/quotientlabs/quotient/internal/kafkautil"
 	"github.com/quotientlabs/quotient/internal/redistest"
@@ -68,7 +69,9 @@ func BenchmarkEpoch100kKeys(b *testing.B) {
 //     (what is left once the usage hashes are deleted, over the empty
 //     server);
 //   - kafka-B/key: bytes this region produces per key for its report (the
-//     record batches of its Produce requests, lz4 as sent);
+//     record batches of its Produce requests, lz4 as sent; the synthetic
+//     subjects and values compress far better than real ones), and
+//     kafka-raw-B/key, the report's protobuf size before compression;
 //   - redis-max-us and redis-over-1ms: the longest command redis-server ran
 //     during the epoch and how many ran 1 ms or longer (SLOWLOG, threshold
 //     100 µs; the longest is also logged with its name).
@@ -211,6 +214,7 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	tick := func(i int) {
 		mark[i].wall, mark[i].cpu, mark[i].rcpu = time.Since(start), processCPU(b), redisCPU(ctx, b, client)
 	}
+	var rawBytes int64 // the reports' protobuf size, before compression
 	var slowest slowEntry
 	var slow []slowEntry // the commands of 1 ms or more, for the log
 	over1ms := 0
@@ -233,6 +237,7 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		tick(3)
 		want := 2 // the two other regions' reports
 		if pub.Report != nil {
+			rawBytes += int64(proto.Size(kafkabus.ToProto(pub.Report, epoch, now)))
 			measuring.Store(true)
 			require.NoError(b, self.Publish(ctx, pub.Report))
 			measuring.Store(false)
@@ -282,7 +287,7 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		m++
 	}
 	wall, cpu, rcpu, updates, shrinks = [7]time.Duration{}, [7]time.Duration{}, [7]time.Duration{}, 0, 0
-	slowest, over1ms, slow = slowEntry{}, 0, nil
+	slowest, over1ms, slow, rawBytes = slowEntry{}, 0, nil, 0
 	produced.Store(0)
 	var usageMem int64
 	profile := os.Getenv("QUOTIENT_BENCH_CPUPROFILE")
@@ -321,6 +326,7 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	b.ReportMetric(float64(updates)/float64(n), "updates/epoch")
 	b.ReportMetric(float64(shrinks)/float64(n), "shrinks/epoch")
 	b.ReportMetric(float64(produced.Load())/float64(n)/float64(nkeys), "kafka-B/key")
+	b.ReportMetric(float64(rawBytes)/float64(n)/float64(nkeys), "kafka-raw-B/key")
 	b.ReportMetric(float64(usageMem)/float64(n)/float64(nkeys), "redis-usage-B/key")
 	b.ReportMetric(float64(slowest.dur.Microseconds()), "redis-max-us")
 	b.ReportMetric(float64(over1ms)/float64(n), "redis-over-1ms/epoch")
