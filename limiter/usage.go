@@ -733,7 +733,12 @@ type UsageFlusherConfig struct {
 // UsageSink every Interval. Counts a flush could not write stay in memory
 // and are retried on the next tick, within the limiter's UsageMaxKeys
 // bound and MaxLagEpochs; what is dropped is logged and counted
-// (quotient_limiter_usage_dropped_total), never lost silently. Start and
+// (quotient_limiter_usage_dropped_total), never lost silently. Usage
+// dropped at UsageMaxKeys is also remembered per epoch as a UsageOverflow:
+// when the sink is a UsageOverflowSink (RedisUsageSink is), each flush
+// writes the overflows first, then the counts, and retries a marker it
+// could not write; with another sink the markers are discarded (the
+// metrics still count the drops). Start and
 // Stop may be called once each; Flush may be called at any time and is safe
 // for concurrent use.
 type UsageFlusher struct {
