@@ -76,7 +76,7 @@ bench-rls:
 
 ## bench-scale: one coordinator epoch (real redis-server and broker) at 10k, 100k
 ## and 1M active keys: wall and CPU per phase, memory per key, Kafka bytes, the
-## longest Redis command (BenchmarkEpochScale; several minutes, about 6 GB);
+## longest Redis command (BenchmarkEpochScale; about 8 minutes, over 2.6 GB);
 ## under the machine-wide benchmark lock
 bench-scale: deps
 	QUOTIENT_BENCH_1M=1 flock /tmp/quotient-deployed.lock $(GO) test -run '^$$' -bench '^BenchmarkEpochScale$$' -benchtime 2x -timeout 60m ./rebalancer/

@@ -164,7 +164,11 @@
 // dropped, since its own input to the share function (smoothed demand,
 // claim) is not lower than in the epoch before. A key the Core never saw
 // and whose usage is dropped stays at the default share until its usage
-// is counted. The property tests run with random incomplete epochs
+// is counted. And since an incomplete epoch cannot tell a dropped key from
+// an idle one, smoothed demand only rises while every epoch is incomplete:
+// keys that went idle keep their shares (and the others cannot grow into
+// them) until an epoch is complete again. A gateway that drops every
+// epoch needs a larger bound; its metric and alert say so. The property tests run with random incomplete epochs
 // (usage randomly thinned), check the sum, and check that such an epoch
 // lowers no key's smoothed demand and writes no share at collection.
 //
