@@ -19,7 +19,7 @@ import (
 // usage of two keys per epoch; the third key's usage is dropped, counted
 // in quotient_limiter_usage_overflow_keys_total, and its epoch is marked
 // incomplete in Redis (limiter.UsageOverflowKey) for the coordinator.
-// A bad value is refused with the flag's name.
+// A bad value is refused with the flag's name, by quotient rls too.
 func TestGatewayUsageMaxKeys(t *testing.T) {
 	up := upstream(t)
 	dir := t.TempDir()
@@ -32,6 +32,10 @@ func TestGatewayUsageMaxKeys(t *testing.T) {
 		"--policies", policies, "--regions", "eu,us", "--region", "eu", "--usage-max-keys", "0"})
 	assert.Equal(t, 2, code, "a usage error")
 	assert.Contains(t, env.stderr.(*syncBuffer).String(), "--usage-max-keys must be >= 1, got 0")
+	env.stderr = &syncBuffer{}
+	code = run(context.Background(), env, []string{"rls", "--listen", "127.0.0.1:0", "--redis", srv.Addr(), "--config-dir", dir, "--usage-max-keys", "-5"})
+	assert.Equal(t, 2, code, "quotient rls shares the flag")
+	assert.Contains(t, env.stderr.(*syncBuffer).String(), "--usage-max-keys must be >= 1, got -5")
 
 	const epoch = time.Hour // one epoch for the whole test, unless it straddles an hour
 	base, _, stop := startGateway(t, "--upstream", up.URL, "--redis", srv.Addr(), "--policies", policies, "--keys", keys,
