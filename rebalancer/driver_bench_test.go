@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -333,12 +334,15 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	if slowest.dur > 0 {
 		b.Logf("%d keys: longest redis command %v: %s", nkeys, slowest.dur, slowest.cmd)
 	}
-	for i, e := range slow {
-		if i == 10 {
-			b.Logf("... and %d more of 1 ms or more", len(slow)-i)
-			break
-		}
-		b.Logf("%d keys: redis command of 1 ms or more: %v %s", nkeys, e.dur, e.cmd)
+	// Per command name (the log of a benchmark keeps only ten lines).
+	byName := map[string][]time.Duration{}
+	for _, e := range slow {
+		name, _, _ := strings.Cut(strings.ToUpper(e.cmd), " ")
+		byName[name] = append(byName[name], e.dur)
+	}
+	for name, ds := range byName {
+		slices.Sort(ds)
+		b.Logf("%d keys: %d %s commands of 1 ms or more in the measured epochs: median %v, longest %v", nkeys, len(ds), name, ds[len(ds)/2], ds[len(ds)-1])
 	}
 
 	// Memory, after the measured epochs: the share records in Redis (the
