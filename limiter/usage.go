@@ -72,8 +72,9 @@ type overflowState struct {
 }
 
 // usageOverflowTrack bounds the keys an epoch's overflow remembers (for
-// the keys counter only: beyond it, a key dropped again counts again).
-// 16,384 hashes are about 0.3 MB per epoch.
+// the keys counter only: beyond it, a key dropped again counts again):
+// 16,384 hashes of 8 bytes plus the map's overhead, per epoch, for at most
+// usageOverflowEpochs epochs.
 const usageOverflowTrack = 1 << 14
 
 // usageOverflowEpochs is how many epochs' overflow state is kept.
