@@ -12,7 +12,7 @@ FUZZTIME ?= 3000x
 BENCHTIME ?= 2s
 PKGS := ./...
 
-.PHONY: all build test test-unit e2e e2e-faults fuzz lint bench bench-limiter bench-rls simulate simulate-deployed proto deps tools clean
+.PHONY: all build test test-unit e2e e2e-faults fuzz lint bench bench-limiter bench-rls bench-scale simulate simulate-deployed proto deps tools clean
 
 all: build
 
@@ -73,6 +73,13 @@ bench-limiter: deps
 ## bench-rls: envoyproxy/ratelimit (built from its Go module) and quotient rls side by side on one redis-server, pinned and unpinned (scripts/bench-rls.sh)
 bench-rls:
 	bash scripts/bench-rls.sh
+
+## bench-scale: one coordinator epoch (real redis-server and broker) at 10k, 100k
+## and 1M active keys: wall and CPU per phase, memory per key, Kafka bytes, the
+## longest Redis command (BenchmarkEpochScale; about 8 minutes, over 2.6 GB);
+## under the machine-wide benchmark lock
+bench-scale: deps
+	QUOTIENT_BENCH_1M=1 flock /tmp/quotient-deployed.lock $(GO) test -run '^$$' -bench '^BenchmarkEpochScale$$' -benchtime 2x -timeout 60m ./rebalancer/
 
 ## simulate: the standard scenario suite in virtual time; prints the accuracy table
 simulate:

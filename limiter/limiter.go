@@ -69,7 +69,17 @@ type Config struct {
 	// floor(unix_ms / UsageEpoch in ms). Default 10 s.
 	UsageEpoch time.Duration
 	// UsageMaxKeys bounds the usage counts held in memory (pending
-	// flushes included), one per (epoch, policy, subject). Default 1<<20.
+	// flushes included), one per (epoch, policy, subject) of a global
+	// policy. Each costs about 180 bytes of heap (176 B measured with
+	// 16-byte API keys, BenchmarkUsageMemoryPerKey) and about 250 B while
+	// a flush runs, so the default 1<<20 holds at most about 185 MB. Size
+	// it above the distinct keys of global policies one gateway sees in
+	// about two epochs (an epoch's counts stay until flushed, every
+	// UsageFlusher interval). Beyond it, a new key's usage is dropped:
+	// counted in quotient_limiter_usage_overflow_keys_total and
+	// _requests_total, and the epoch is marked incomplete for the
+	// coordinator (UsageOverflow), which then holds the region's shares
+	// instead of shrinking the keys it cannot see. Default 1<<20.
 	UsageMaxKeys int
 
 	// Events receives sampled decisions. Default SlogSink{Logger}.
@@ -288,7 +298,7 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 	}
 	if m != nil {
 		l.breaker.onChange = m.breakerState
-		l.usage.onDrop = m.usageDropped
+		l.usage.onDrop = m.usageOverflow
 	}
 	if cfg.DenyCacheMaxKeys > 0 {
 		l.deny = newDenyCache(cfg.DenyCacheMaxKeys)

@@ -20,6 +20,8 @@ import (
 //	quotient_limiter_deny_cache_hits_total{policy}              counter: requests rejected by the deny cache
 //	quotient_limiter_usage_flush_errors_total                   counter: usage flushes that failed (retried)
 //	quotient_limiter_usage_dropped_total                        counter: usage counts dropped (bound or lag)
+//	quotient_limiter_usage_overflow_keys_total                  counter: keys whose usage was dropped at UsageMaxKeys (per epoch)
+//	quotient_limiter_usage_overflow_requests_total              counter: attempts whose usage was dropped at UsageMaxKeys
 //	quotient_limiter_refund_failures_total                      counter (RedisStore): refunds that failed
 //	quotient_limiter_pipeline_shed_total                        counter (pipelined RedisStore): calls shed, queue full
 type metrics struct {
@@ -31,6 +33,8 @@ type metrics struct {
 	denyHits    *prometheus.CounterVec
 	flushErrors prometheus.Counter
 	dropped     prometheus.Counter
+	ovfKeys     prometheus.Counter
+	ovfRequests prometheus.Counter
 
 	latStore, latDeny, latFallback, latNone prometheus.Observer
 
@@ -83,9 +87,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "quotient_limiter_usage_dropped_total",
 			Help: "Usage counts dropped because of the memory bound or because their epoch was too old to retry.",
 		}),
+		ovfKeys: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quotient_limiter_usage_overflow_keys_total",
+			Help: "Keys (policy and subject) whose usage of an epoch was dropped because UsageMaxKeys counts were held; each key counts once per epoch. The coordinator holds those epochs' shares instead of shrinking them.",
+		}),
+		ovfRequests: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quotient_limiter_usage_overflow_requests_total",
+			Help: "Attempts (one per global policy counted) whose usage was dropped because UsageMaxKeys counts were held.",
+		}),
 		cache: make(map[metricKey]prometheus.Counter),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.latency, m.storeErrors, m.breaker, m.fallback, m.denyHits, m.flushErrors, m.dropped} {
+	for _, c := range []prometheus.Collector{m.decisions, m.latency, m.storeErrors, m.breaker, m.fallback, m.denyHits, m.flushErrors, m.dropped, m.ovfKeys, m.ovfRequests} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -190,5 +202,15 @@ func (m *metrics) usageFlushError() {
 func (m *metrics) usageDropped(n int) {
 	if m != nil {
 		m.dropped.Add(float64(n))
+	}
+}
+
+// usageOverflow counts usage dropped at the UsageMaxKeys bound: keys new
+// to the epoch's overflow, and attempts.
+func (m *metrics) usageOverflow(keys, requests int) {
+	if m != nil {
+		m.dropped.Add(float64(requests))
+		m.ovfKeys.Add(float64(keys))
+		m.ovfRequests.Add(float64(requests))
 	}
 }

@@ -43,20 +43,45 @@ type usageVal struct{ demand, admitted int64 }
 // usageCounter counts, in memory, the demand and admitted cost of every
 // global policy per subject and epoch, until a flusher takes them. It holds
 // at most maxKeys (epoch, policy, subject) entries, pending ones included;
-// counts for new keys beyond that are dropped and counted in dropped (and
-// the quotient_limiter_usage_dropped_total metric).
+// counts for new keys beyond that are dropped, counted (onDrop: the
+// quotient_limiter_usage_overflow_* and quotient_limiter_usage_dropped_total
+// metrics) and remembered per epoch as an overflow, which the flusher
+// writes beside the counts (UsageOverflow) so that the coordinator knows
+// the epoch's totals are a lower bound.
 type usageCounter struct {
 	epochMs int64
 	maxKeys int
 
-	mu      sync.Mutex
-	counts  map[usageKey]usageVal
-	dropped int64
-	onDrop  func(n int)
+	mu       sync.Mutex
+	counts   map[usageKey]usageVal
+	overflow map[int64]*overflowState // by epoch; pruned to recent epochs
+	dropped  int64
+	onDrop   func(keys, requests int)
 }
 
+// overflowState is what the counter dropped at the bound in one epoch.
+type overflowState struct {
+	// seen holds a 64-bit hash of every key dropped in the epoch, up to
+	// usageOverflowTrack of them, so that a key counts once per epoch.
+	seen map[uint64]struct{}
+	// pending is what the flusher has not taken yet; dirty says there is
+	// something to write (a key dropped again writes the marker again
+	// with zero increments, which is idempotent).
+	pending UsageOverflow
+	dirty   bool
+}
+
+// usageOverflowTrack bounds the keys an epoch's overflow remembers (for
+// the keys counter only: beyond it, a key dropped again counts again):
+// 16,384 hashes of 8 bytes plus the map's overhead, per epoch, for at most
+// usageOverflowEpochs epochs.
+const usageOverflowTrack = 1 << 14
+
+// usageOverflowEpochs is how many epochs' overflow state is kept.
+const usageOverflowEpochs = 4
+
 func newUsageCounter(epoch time.Duration, maxKeys int) *usageCounter {
-	return &usageCounter{epochMs: epoch.Milliseconds(), maxKeys: maxKeys, counts: make(map[usageKey]usageVal)}
+	return &usageCounter{epochMs: epoch.Milliseconds(), maxKeys: maxKeys, counts: make(map[usageKey]usageVal), overflow: make(map[int64]*overflowState)}
 }
 
 // epochOf is the epoch number of a time.
@@ -78,9 +103,10 @@ func (u *usageCounter) add(now time.Time, policy string, subj Subject, demand, a
 	v, ok := u.counts[k]
 	if !ok && len(u.counts) >= u.maxKeys {
 		u.dropped++
+		keys := u.noteOverflow(k, 1)
 		u.mu.Unlock()
 		if u.onDrop != nil {
-			u.onDrop(1)
+			u.onDrop(keys, 1)
 		}
 		return
 	}
@@ -88,6 +114,78 @@ func (u *usageCounter) add(now time.Time, policy string, subj Subject, demand, a
 	v.admitted += admitted
 	u.counts[k] = v
 	u.mu.Unlock()
+}
+
+// noteOverflow records that k's usage (requests attempts of it) was
+// dropped at the bound and returns 1 if k is new to its epoch's overflow,
+// else 0. u.mu must be held.
+func (u *usageCounter) noteOverflow(k usageKey, requests int) int {
+	st := u.overflow[k.epoch]
+	if st == nil {
+		for e := range u.overflow {
+			if e <= k.epoch-usageOverflowEpochs {
+				delete(u.overflow, e)
+			}
+		}
+		st = &overflowState{seen: make(map[uint64]struct{}), pending: UsageOverflow{Epoch: k.epoch}}
+		u.overflow[k.epoch] = st
+	}
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(k.policy); i++ {
+		h = (h ^ uint64(k.policy[i])) * 1099511628211
+	}
+	h = (h ^ ':') * 1099511628211
+	for i := 0; i < len(k.kind); i++ {
+		h = (h ^ uint64(k.kind[i])) * 1099511628211
+	}
+	h = (h ^ ':') * 1099511628211
+	for i := 0; i < len(k.value); i++ {
+		h = (h ^ uint64(k.value[i])) * 1099511628211
+	}
+	st.dirty = true
+	st.pending.Requests += int64(requests)
+	if _, dup := st.seen[h]; dup {
+		return 0
+	}
+	if len(st.seen) < usageOverflowTrack {
+		st.seen[h] = struct{}{}
+	}
+	st.pending.Keys++
+	return 1
+}
+
+// takeOverflow removes and returns the overflows not yet taken, sorted by
+// epoch. The keys already dropped stay remembered.
+func (u *usageCounter) takeOverflow() []UsageOverflow {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []UsageOverflow
+	for _, st := range u.overflow {
+		if st.dirty {
+			out = append(out, st.pending)
+			st.pending = UsageOverflow{Epoch: st.pending.Epoch}
+			st.dirty = false
+		}
+	}
+	slices.SortFunc(out, func(a, b UsageOverflow) int { return cmp.Compare(a.Epoch, b.Epoch) })
+	return out
+}
+
+// putBackOverflow merges overflows that could not be written back in,
+// dropping those of epochs before minEpoch (no coordinator reads them any
+// more).
+func (u *usageCounter) putBackOverflow(ovf []UsageOverflow, minEpoch int64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, o := range ovf {
+		st := u.overflow[o.Epoch]
+		if o.Epoch < minEpoch || st == nil {
+			continue
+		}
+		st.pending.Keys += o.Keys
+		st.pending.Requests += o.Requests
+		st.dirty = true
+	}
 }
 
 // take removes and returns every count, sorted by epoch, policy, subject.
@@ -110,12 +208,19 @@ func (u *usageCounter) take() []UsageCount {
 func (u *usageCounter) putBack(counts []UsageCount, minEpoch int64) int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	dropped := 0
+	dropped, overflowKeys := 0, 0
 	for _, c := range counts {
 		k := usageKey{epoch: c.Epoch, policy: c.PolicyID, kind: c.Subject.Kind, value: c.Subject.Value}
 		v, ok := u.counts[k]
-		if c.Epoch < minEpoch || (!ok && len(u.counts) >= u.maxKeys) {
+		if c.Epoch < minEpoch {
 			dropped++
+			continue
+		}
+		if !ok && len(u.counts) >= u.maxKeys {
+			// The coordinator has not collected this epoch yet: mark it
+			// incomplete, as add does.
+			dropped++
+			overflowKeys += u.noteOverflow(k, 0)
 			continue
 		}
 		v.demand += c.Demand
@@ -123,6 +228,9 @@ func (u *usageCounter) putBack(counts []UsageCount, minEpoch int64) int {
 		u.counts[k] = v
 	}
 	u.dropped += int64(dropped)
+	if overflowKeys > 0 && u.onDrop != nil {
+		u.onDrop(overflowKeys, 0) // the attempts are in dropped (the caller counts them)
+	}
 	return dropped
 }
 
@@ -140,6 +248,42 @@ func sortUsage(out []UsageCount) {
 // it. It must honour ctx.
 type UsageSink interface {
 	WriteUsage(ctx context.Context, counts []UsageCount) (failed []UsageCount, err error)
+}
+
+// UsageOverflow says that a gateway dropped usage of epoch Epoch because
+// it held Config.UsageMaxKeys counts already: the usage flushed for that
+// epoch is a lower bound, and a key may be missing from it although it was
+// used. A flusher writes it (UsageOverflowSink) before the counts, so the
+// coordinator collects such an epoch as incomplete and holds the shares
+// instead of shrinking the keys it cannot see.
+type UsageOverflow struct {
+	// Epoch is floor(unix_ms / epoch_ms) of the usage dropped.
+	Epoch int64
+	// Keys is how many (policy, subject) keys had usage dropped, each
+	// counted once per epoch and gateway while the gateway remembers it
+	// (16,384 keys per epoch; beyond, a key dropped again counts again).
+	Keys int64
+	// Requests is how many attempts (one per global policy counted) were
+	// dropped.
+	Requests int64
+}
+
+// UsageOverflowSink is a UsageSink that also records overflows.
+// WriteUsageOverflow adds ovf to what the sink holds; an error means some
+// may not be written, and the flusher retries all of them (adding the same
+// overflow twice only inflates its counts, never the fact). It must honour
+// ctx; the caller owns ovf.
+type UsageOverflowSink interface {
+	UsageSink
+	WriteUsageOverflow(ctx context.Context, ovf []UsageOverflow) error
+}
+
+// UsageOverflowKey is the Redis key that marks epoch's usage as
+// incomplete: "qo:{<epoch>}", a hash with fields k (keys) and r
+// (requests), summed over the region's gateways (HINCRBY). See
+// RedisUsageSink.
+func UsageOverflowKey(epoch int64) string {
+	return "qo:{" + strconv.FormatInt(epoch, 10) + "}"
 }
 
 // UsageKey is the Redis key of one usage shard of one epoch:
@@ -275,6 +419,58 @@ func (s *RedisUsageSink) WriteUsage(ctx context.Context, counts []UsageCount) ([
 		firstErr = execErr
 	}
 	return failed, fmt.Errorf("%w: usage flush: %v", ErrStoreUnavailable, firstErr)
+}
+
+// WriteUsageOverflow implements UsageOverflowSink: one pipeline of
+// HINCRBY qo:{E} k, HINCRBY qo:{E} r and PEXPIREAT per overflow. A marker
+// with zero counts still marks the epoch (the hash exists).
+func (s *RedisUsageSink) WriteUsageOverflow(ctx context.Context, ovf []UsageOverflow) error {
+	if len(ovf) == 0 {
+		return nil
+	}
+	pipe := s.client.Pipeline()
+	for _, o := range ovf {
+		key := UsageOverflowKey(o.Epoch)
+		pipe.HIncrBy(ctx, key, "k", o.Keys)
+		pipe.HIncrBy(ctx, key, "r", o.Requests)
+		pipe.PExpireAt(ctx, key, time.UnixMilli((o.Epoch+1+s.ttlEpochs)*s.epochMs))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("%w: usage overflow marker: %v", ErrStoreUnavailable, err)
+	}
+	return nil
+}
+
+// CollectUsageOverflow reads the overflow marker of epoch (see
+// RedisUsageSink): whether some gateway of the region dropped usage of
+// that epoch (the totals CollectUsageTotals reads are then a lower bound),
+// with the keys and requests dropped, summed over the gateways. An
+// unreachable Redis is an error wrapping ErrStoreUnavailable: the caller
+// does not know whether the epoch is complete. A marker whose fields do not
+// parse is an overflow with the counts that did, and an error wrapping
+// ErrBadUsage. Safe for concurrent use.
+func CollectUsageOverflow(ctx context.Context, client redis.UniversalClient, epoch int64) (UsageOverflow, bool, error) {
+	fields, err := client.HGetAll(ctx, UsageOverflowKey(epoch)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return UsageOverflow{}, false, fmt.Errorf("%w: usage overflow of epoch %d: %v", ErrStoreUnavailable, epoch, err)
+	}
+	if len(fields) == 0 {
+		return UsageOverflow{}, false, nil
+	}
+	o := UsageOverflow{Epoch: epoch}
+	var bad error
+	for f, v := range fields {
+		n, err := strconv.ParseInt(v, 10, 64)
+		switch {
+		case err == nil && f == "k":
+			o.Keys = n
+		case err == nil && f == "r":
+			o.Requests = n
+		default:
+			bad = fmt.Errorf("%w: usage overflow of epoch %d: field %q = %q", ErrBadUsage, epoch, f, v)
+		}
+	}
+	return o, true, bad
 }
 
 func firstOf(first, err error) error {
@@ -538,7 +734,12 @@ type UsageFlusherConfig struct {
 // UsageSink every Interval. Counts a flush could not write stay in memory
 // and are retried on the next tick, within the limiter's UsageMaxKeys
 // bound and MaxLagEpochs; what is dropped is logged and counted
-// (quotient_limiter_usage_dropped_total), never lost silently. Start and
+// (quotient_limiter_usage_dropped_total), never lost silently. Usage
+// dropped at UsageMaxKeys is also remembered per epoch as a UsageOverflow:
+// when the sink is a UsageOverflowSink (RedisUsageSink is), each flush
+// writes the overflows first, then the counts, and retries a marker it
+// could not write; with another sink the markers are discarded (the
+// metrics still count the drops). Start and
 // Stop may be called once each; Flush may be called at any time and is safe
 // for concurrent use.
 type UsageFlusher struct {
@@ -574,18 +775,35 @@ func NewUsageFlusher(l *Limiter, sink UsageSink, cfg UsageFlusherConfig) *UsageF
 func (f *UsageFlusher) Flush(ctx context.Context, now time.Time) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	ovf := f.l.usage.takeOverflow()
 	counts := f.l.usage.take()
-	if len(counts) == 0 {
+	if len(counts) == 0 && len(ovf) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
-	failed, err := f.sink.WriteUsage(ctx, counts)
-	if err == nil && len(failed) == 0 {
+	minEpoch := f.l.usage.epochOf(now) - f.cfg.MaxLagEpochs
+	// The markers first: a coordinator that reads an epoch's counts after
+	// this flush also sees that the epoch is incomplete.
+	var ovfErr error
+	if os, ok := f.sink.(UsageOverflowSink); ok && len(ovf) > 0 {
+		if ovfErr = os.WriteUsageOverflow(ctx, ovf); ovfErr != nil {
+			f.l.usage.putBackOverflow(ovf, minEpoch)
+		}
+	}
+	var failed []UsageCount
+	var err error
+	if len(counts) > 0 {
+		failed, err = f.sink.WriteUsage(ctx, counts)
+	}
+	if err == nil && len(failed) == 0 && ovfErr == nil {
 		return nil
 	}
 	f.l.metrics.usageFlushError()
-	minEpoch := f.l.usage.epochOf(now) - f.cfg.MaxLagEpochs
+	if err == nil && len(failed) == 0 {
+		f.cfg.Logger.Warn("limiter: usage overflow marker not written; retrying next tick", "err", ovfErr)
+		return ovfErr
+	}
 	if dropped := f.l.usage.putBack(failed, minEpoch); dropped > 0 {
 		f.l.metrics.usageDropped(dropped)
 		f.cfg.Logger.Warn("limiter: usage counts dropped", "count", dropped, "reason", "too old or over UsageMaxKeys")

@@ -126,6 +126,10 @@ type Stats struct {
 	Updates        int64 // updates returned (by Decide, Collect and late decisions)
 	Kept           int64 // key-epochs whose share shrank at collection (shares.Config.Keep)
 	UnknownUsage   int64 // epochs collected with unknown usage (CollectUnknown): demand and claims held
+	// IncompleteUsage: epochs collected with usage that is a lower bound
+	// (CollectIncomplete): smoothed demand never lowered, shares held at
+	// collection.
+	IncompleteUsage int64
 }
 
 // Published is what Collect returns.
@@ -260,7 +264,7 @@ func (c *Core) Due(now time.Time) bool {
 // ErrUsage naming the entry and field when an entry is invalid. On error
 // nothing changes.
 func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
-	return c.collect(now, usage, false)
+	return c.collect(now, usage, usageExact)
 }
 
 // CollectUnknown ends the epoch that now follows, like Collect, when its
@@ -272,10 +276,38 @@ func (c *Core) Collect(now time.Time, usage []Usage) (Published, error) {
 // region's shares nor tells the others its demand fell to 0. Counted in
 // Stats.UnknownUsage. Errors: ErrEpochNotOver, as Collect.
 func (c *Core) CollectUnknown(now time.Time) (Published, error) {
-	return c.collect(now, nil, true)
+	return c.collect(now, nil, usageUnknown)
 }
 
-func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, error) {
+// CollectIncomplete ends the epoch that now follows, like Collect, when
+// usage is a lower bound of the epoch's: some gateway dropped counts
+// (limiter.Config.UsageMaxKeys), so a key may be missing although it was
+// used, and a key's total may be short (ErrUsageIncomplete). It is
+// CollectUnknown for the keys the usage does not show, and never lowers
+// the others: every key's smoothed demand becomes the larger of the one
+// it had and the one usage gives (smoothed as Collect does), no share is
+// given up at collection (ShrinkAtCollect does not apply), and the report
+// claims what this region enforces now, with the epoch's demand and
+// admitted cost as read (lower bounds). So a dropped count never shrinks a
+// share below what the key had, nor tells the others that the key's
+// demand fell; the region's growth still follows the usage it can see.
+// See the package doc ("Incomplete usage"). Counted in
+// Stats.IncompleteUsage. Errors: as Collect.
+func (c *Core) CollectIncomplete(now time.Time, usage []Usage) (Published, error) {
+	return c.collect(now, usage, usageLowerBound)
+}
+
+// usageKind says what the usage given to collect is.
+type usageKind uint8
+
+const (
+	usageExact      usageKind = iota // the epoch's usage (Collect)
+	usageUnknown                     // none could be read (CollectUnknown)
+	usageLowerBound                  // a lower bound (CollectIncomplete)
+)
+
+func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published, error) {
+	unknown := kind == usageUnknown
 	m := EpochOf(now, c.cfg.Epoch) - 1
 	if c.started && m <= c.published {
 		return Published{}, fmt.Errorf("%w: epoch %d was collected; now %v is in epoch %d", ErrEpochNotOver, c.published, now, m+1)
@@ -317,7 +349,9 @@ func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, e
 	warm := c.warm(m)
 	var rep *Report
 	if !warm {
-		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m}
+		// Sized for every key: most keys held are reported, and growing
+		// a million-line slice by appending cost a fifth of Collect.
+		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m, Keys: make([]KeyReport, 0, len(c.keys))}
 		for i, r := range c.regions {
 			if i == c.self {
 				rep.Heard = append(rep.Heard, Heard{Region: r, Epoch: m})
@@ -330,6 +364,7 @@ func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, e
 	for _, e := range c.tidy() {
 		k, st := e.key, e.st
 		rate := min(shares.MulDiv(st.demand, 1_000_000, c.epochMs), 1<<60)
+		prev := st.smoothed
 		switch {
 		case unknown:
 			// The epoch's demand is unknown: hold the smoothed demand.
@@ -340,6 +375,11 @@ func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, e
 			st.smoothed = min(rate, shares.MulDiv(rate, c.cfg.Shares.HeadroomPermille, 1000))
 		default:
 			st.smoothed = c.smooth(st.smoothed, rate)
+		}
+		if kind == usageLowerBound {
+			// The epoch's demand is at least rate: never below what it
+			// was, nor below what rate alone gives.
+			st.smoothed = max(st.smoothed, prev)
 		}
 		st.want = shares.Share{}
 		lim, ok := c.keyLimit(k, now)
@@ -358,7 +398,7 @@ func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, e
 		// report claims the smaller share and the others can grow into
 		// it at their decision of this very epoch. Never during warm-up
 		// (see decide).
-		if !warm && c.cfg.ShrinkAtCollect && !unknown {
+		if !warm && c.cfg.ShrinkAtCollect && kind == usageExact {
 			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), rate); err == nil && kept != st.share && kept != clamp(st.share, lim) {
 				out.Updates = append(out.Updates, c.record(k, st, lim, kept, m))
 				st.share = kept
@@ -381,9 +421,15 @@ func (c *Core) collect(now time.Time, usage []Usage, unknown bool) (Published, e
 		}
 		st.demand, st.admitted = 0, 0
 	}
+	if rep != nil && len(rep.Keys) == 0 {
+		rep.Keys = nil // as before it was sized
+	}
 	c.stats.Updates += int64(len(out.Updates))
-	if unknown {
+	switch kind {
+	case usageUnknown:
 		c.stats.UnknownUsage++
+	case usageLowerBound:
+		c.stats.IncompleteUsage++
 	}
 	c.published, c.pending, c.ownReport = m, true, rep != nil
 	out.Report = rep

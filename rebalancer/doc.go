@@ -127,6 +127,51 @@
 // anyone publishes epoch m+1); a driver writes a decision's updates before
 // it publishes the next report; writes take effect within the epoch.
 //
+// # Incomplete usage (a gateway's usage key limit)
+//
+// A gateway holds at most limiter.Config.UsageMaxKeys usage counts; beyond
+// that it drops new keys' usage and marks the epoch as overflowed in
+// Redis (limiter.UsageOverflow), and the driver's UsageSource returns that
+// epoch's usage with an error wrapping ErrUsageIncomplete. The usage read
+// is then a lower bound: a key may be missing although it was used (its
+// gateway dropped it), and a key's total may be short (one gateway counted
+// it, another dropped it). Collect would read a missing key as idle: its
+// smoothed demand would decay, and its share would shrink at collection
+// (Keep) and at the decision, so the limit would fall on exactly the keys
+// a busy gateway could not count. The driver calls CollectIncomplete
+// instead, which for every key
+//
+//   - sets the smoothed demand to max(previous, smoothed with the epoch's
+//     rate as read): never lower than it was, and at least what the
+//     counts that did arrive show;
+//   - gives up no share at collection (ShrinkAtCollect does not apply),
+//     so the report claims what the region enforces now;
+//   - reports the demand and admitted cost as read (lower bounds) with the
+//     claim, the smoothed demand and the want computed from it.
+//
+// Why the sum stays within L: nothing in this changes the argument above.
+// The report still claims exactly what the region enforces (no write
+// happens between reading the share and publishing it), so claims remain
+// upper bounds; the decision is the usual one, from the published claims
+// and wants of epoch m, which every view reads alike (a larger want of
+// this region only changes how the slack is split among the regions that
+// grow, never the slack itself, and which regions need is read from the
+// same published demands in every view). Fallback, silence and the
+// partition rule are unchanged: they depend on reports, not on usage.
+// What it does not do: a key's share can still shrink in such an epoch
+// when the others' demand or the limit calls for it (the water-filling and
+// an override apply as always); it cannot shrink because its own usage was
+// dropped, since its own input to the share function (smoothed demand,
+// claim) is not lower than in the epoch before. A key the Core never saw
+// and whose usage is dropped stays at the default share until its usage
+// is counted. And since an incomplete epoch cannot tell a dropped key from
+// an idle one, smoothed demand only rises while every epoch is incomplete:
+// keys that went idle keep their shares (and the others cannot grow into
+// them) until an epoch is complete again. A gateway that drops every
+// epoch needs a larger bound; its metric and alert say so. The property tests run with random incomplete epochs
+// (usage randomly thinned), check the sum, and check that such an epoch
+// lowers no key's smoothed demand and writes no share at collection.
+//
 // # Share records and their lifetime
 //
 //   - A share equal to the default is deleted (a key without a record gets

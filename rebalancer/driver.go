@@ -76,10 +76,15 @@ type CollectInfo struct {
 	// UsageUnknown: reading failed, so the epoch was collected with its
 	// demand unknown (Core.CollectUnknown: smoothed demand and shares held).
 	UsageUnknown bool
-	PublishErr   error     // pending updates or the publication failed: nothing published
-	CoreKeys     int       // keys the Core holds state for
-	CoreStats    Stats     // the Core's counters after the collection
-	CollectedAt  time.Time // when the collection started
+	// UsageIncomplete: the source returned the usage as a lower bound
+	// (ErrUsageIncomplete: a gateway dropped counts), so the epoch was
+	// collected with Core.CollectIncomplete (no key's demand lowered, no
+	// share given up at collection). UsageErr says why.
+	UsageIncomplete bool
+	PublishErr      error     // pending updates or the publication failed: nothing published
+	CoreKeys        int       // keys the Core holds state for
+	CoreStats       Stats     // the Core's counters after the collection
+	CollectedAt     time.Time // when the collection started
 }
 
 // DecideInfo describes one decision.
@@ -176,7 +181,9 @@ type Status struct {
 // are held, the report claims what the region enforces, and
 // CollectInfo.UsageUnknown says so. The usage stays in the source (which
 // removes only what it returns) and is never read again: the next
-// collection reads the next epoch.
+// collection reads the next epoch. Usage returned with ErrUsageIncomplete
+// (a gateway dropped counts at its key bound) is collected with
+// Core.CollectIncomplete, and CollectInfo.UsageIncomplete says so.
 // Share writes that fail are kept and retried every RetryInterval, newer
 // updates of a key replacing older ones; while any are unwritten the
 // driver publishes no report (the report would claim shares the store does
@@ -467,7 +474,11 @@ func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
 	cancel()
 	info.Read = d.clock.Now().Sub(now)
 	var pub Published
-	if err != nil {
+	if errors.Is(err, ErrUsageIncomplete) {
+		info.UsageErr, info.UsageIncomplete, info.UsageKeys = err, true, len(usage)
+		d.log.Warn("rebalancer: usage incomplete (a gateway dropped counts at its key bound); no key's demand is lowered this epoch", "epoch", m, "keys", len(usage), "err", err)
+		pub, err = d.core.CollectIncomplete(at, usage)
+	} else if err != nil {
 		info.UsageErr, info.UsageUnknown = err, true
 		d.log.Warn("rebalancer: usage read failed; collecting the epoch with its demand unknown (smoothed demand and shares held)", "epoch", m, "err", err)
 		pub, err = d.core.CollectUnknown(at)

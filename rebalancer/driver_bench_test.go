@@ -3,8 +3,13 @@ package rebalancer_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/quotientlabs/quotient/internal/kafkautil"
 	"github.com/quotientlabs/quotient/internal/redistest"
@@ -35,7 +42,8 @@ import (
 // as redis-cpu-ms. Phases: read (usage from Redis), collect (Core.Collect),
 // shrink (writing the shares given up at collection, Published.Updates),
 // publish, consume (the three reports, Core.Receive), decide
-// (Core.Decide) and write (the decision's updates).
+// (Core.Decide) and write (the decision's updates). The sizes and memory
+// figures of BenchmarkEpochScale are reported too.
 //
 // Sub-benchmarks: "all-change" alternates demand every epoch so that every
 // key's share changes (worst case for the write); "steady" keeps demand
@@ -44,20 +52,84 @@ import (
 // Run with -benchtime 2x: each iteration is one 100k-key epoch, and the
 // setup (usage flushes, the other regions' reports) is not timed.
 func BenchmarkEpoch100kKeys(b *testing.B) {
-	b.Run("all-change", func(b *testing.B) { benchEpoch(b, 2) })
-	b.Run("steady", func(b *testing.B) { benchEpoch(b, 1) })
+	b.Run("all-change", func(b *testing.B) { benchEpoch(b, 100_000, 2) })
+	b.Run("steady", func(b *testing.B) { benchEpoch(b, 100_000, 1) })
 }
 
-// benchEpoch runs the benchmark; demand cycles with period (1: constant).
-func benchEpoch(b *testing.B, period int) {
-	const nkeys = 100_000
+// BenchmarkEpochScale is BenchmarkEpoch100kKeys's all-change epoch (every
+// share changes) at 10,000, 100,000 and 1,000,000 active keys of 3
+// regions, the curve issue 15 asks for. Besides wall and CPU per phase it
+// reports, per epoch:
+//
+//   - core-B/key: the heap the Core retains per key between epochs (its
+//     key states and the other regions' stored reports), measured as the
+//     live heap that is freed when the Core is dropped;
+//   - redis-usage-B/key: redis-server memory (INFO used_memory) that one
+//     epoch's usage hashes take per key (the gateways keep 4 epochs);
+//   - redis-shares-B/key: redis-server memory of the share records per key
+//     (what is left once the usage hashes are deleted, over the empty
+//     server);
+//   - kafka-B/key: bytes this region produces per key for its report (the
+//     record batches of its Produce requests, lz4 as sent; the synthetic
+//     subjects and values compress far better than real ones), and
+//     kafka-raw-B/key, the report's protobuf size before compression;
+//   - redis-max-us and redis-over-1ms: the longest command redis-server ran
+//     during the epoch and how many ran 1 ms or longer (SLOWLOG, threshold
+//     100 µs; the longest is also logged with its name, and the commands of
+//     1 ms or more per command name). The benchmark's own SLOWLOG RESET is
+//     not counted (it frees up to 100,000 entries and can take 19 ms).
+//
+// The million-key size takes minutes and several GB of memory, so it runs
+// only with QUOTIENT_BENCH_1M=1 (make bench-scale); without it it is
+// skipped and says so. QUOTIENT_BENCH_CPUPROFILE=FILE writes a CPU profile
+// of the measured epochs only (not the untimed setup) of the last size run.
+// Run with -benchtime 2x and under the machine-wide benchmark lock.
+func BenchmarkEpochScale(b *testing.B) {
+	for _, n := range []int{10_000, 100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("keys=%s", sizeName(n)), func(b *testing.B) {
+			if n >= 1_000_000 && os.Getenv("QUOTIENT_BENCH_1M") != "1" {
+				b.Skip("the million-key epoch takes minutes: set QUOTIENT_BENCH_1M=1 (make bench-scale)")
+			}
+			benchEpoch(b, n, 2)
+		})
+	}
+}
+
+func sizeName(n int) string {
+	switch {
+	case n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return strconv.Itoa(n)
+}
+
+// benchEpoch runs the benchmark for nkeys keys; demand cycles with period
+// (1: constant).
+func benchEpoch(b *testing.B, nkeys, period int) {
 	epoch := 10 * time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(b, err)
 	defer kc.Close()
+	// Bytes this region's adapter produces, counted while measuring is
+	// set (around its Publish only).
+	var measuring atomic.Bool
+	var produced atomic.Int64
+	kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		if measuring.Load() {
+			for _, t := range req.(*kmsg.ProduceRequest).Topics {
+				for _, p := range t.Partitions {
+					produced.Add(int64(len(p.Records)))
+				}
+			}
+		}
+		return nil, nil, false
+	})
 	newAdapter := func() *kafkabus.Adapter {
 		cl, err := kafkautil.New(kafkautil.DefaultConfig(kc.ListenAddrs()...))
 		require.NoError(b, err)
@@ -78,32 +150,48 @@ func benchEpoch(b *testing.B, period int) {
 
 	srv := redistest.StartServer(b)
 	client := srv.Client()
+	require.NoError(b, client.ConfigSet(ctx, "slowlog-log-slower-than", "100").Err())
+	require.NoError(b, client.ConfigSet(ctx, "slowlog-max-len", "100000").Err())
+	emptyMem := redisMemory(ctx, b, client)
 	gw := limiter.NewRedisUsageSink(client, 0, epoch, 100)
 	src, sink := redisio.NewSource(client, 0), redisio.NewSink(client, 0)
 
 	lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
 	cfg := rebalancer.DefaultConfig()
 	cfg.Region, cfg.Regions, cfg.Epoch = "a", []string{"a", "b", "c"}, epoch
-	core, err := rebalancer.New(cfg, rebalancer.PolicyMap{"g": lim})
-	require.NoError(b, err)
 
 	subjects := make([]limiter.Subject, nkeys)
 	for i := range subjects {
 		subjects[i] = limiter.Subject{Kind: limiter.SubjectAPIKey, Value: fmt.Sprintf("key-%07d", i)}
 	}
+	core, err := rebalancer.New(cfg, rebalancer.PolicyMap{"g": lim})
+	require.NoError(b, err)
 	base := rebalancer.EpochOf(time.Now(), epoch) // usage keys expire relative to real time
 
 	// prepare writes epoch m's usage to Redis and publishes the other
-	// regions' reports of m (untimed).
-	prepare := func(m int64) {
-		counts := make([]limiter.UsageCount, nkeys)
+	// regions' reports of m (untimed); it returns the Redis memory the
+	// usage of m took. The usage of m-4 is deleted: the gateways' keys
+	// live 3 epochs past their own.
+	prepare := func(m int64) int64 {
+		var old []string
+		for s := range limiter.DefaultUsageShards {
+			old = append(old, limiter.UsageKey(m-4, s))
+		}
+		require.NoError(b, client.Del(ctx, old...).Err())
+		mem0 := redisMemory(ctx, b, client)
+		const chunk = 100_000 // one flush per gateway-sized batch
+		counts := make([]limiter.UsageCount, 0, chunk)
 		for i, s := range subjects {
 			d := int64(100 + 200*((int(m)+i)%period))
-			counts[i] = limiter.UsageCount{Epoch: m, PolicyID: "g", Subject: s, Demand: d, Admitted: d / 2}
+			counts = append(counts, limiter.UsageCount{Epoch: m, PolicyID: "g", Subject: s, Demand: d, Admitted: d / 2})
+			if len(counts) == chunk || i == len(subjects)-1 {
+				failed, err := gw.WriteUsage(ctx, counts)
+				require.NoError(b, err)
+				require.Empty(b, failed)
+				counts = counts[:0]
+			}
 		}
-		failed, err := gw.WriteUsage(ctx, counts)
-		require.NoError(b, err)
-		require.Empty(b, failed)
+		usageMem := redisMemory(ctx, b, client) - mem0
 		for j, ad := range others {
 			r := &rebalancer.Report{Region: []string{"b", "c"}[j], Epoch: m, Seq: m,
 				Heard: []rebalancer.Heard{{Region: "a", Epoch: m - 1}, {Region: "b", Epoch: m}, {Region: "c", Epoch: m}}}
@@ -115,6 +203,7 @@ func benchEpoch(b *testing.B, period int) {
 			}
 			require.NoError(b, ad.Publish(ctx, r))
 		}
+		return usageMem
 	}
 
 	// Per phase: wall time, this process's CPU time (the coordinator's
@@ -128,8 +217,13 @@ func benchEpoch(b *testing.B, period int) {
 	tick := func(i int) {
 		mark[i].wall, mark[i].cpu, mark[i].rcpu = time.Since(start), processCPU(b), redisCPU(ctx, b, client)
 	}
+	var rawBytes int64 // the reports' protobuf size, before compression
+	var slowest slowEntry
+	var slow []slowEntry // the commands of 1 ms or more, for the log
+	over1ms := 0
 	step := func(m int64) {
 		now := rebalancer.EpochStart(m+1, epoch).Add(time.Second)
+		require.NoError(b, client.Do(ctx, "SLOWLOG", "RESET").Err())
 		tick(0)
 		usage, err := src.Usage(ctx, m)
 		require.NoError(b, err)
@@ -138,6 +232,7 @@ func benchEpoch(b *testing.B, period int) {
 		pub, err := core.Collect(now, usage)
 		require.NoError(b, err)
 		require.Nil(b, pub.Late)
+		usage = nil
 		tick(2)
 		// The driver writes the shares given up at collection before
 		// publishing the report that claims them.
@@ -145,7 +240,10 @@ func benchEpoch(b *testing.B, period int) {
 		tick(3)
 		want := 2 // the two other regions' reports
 		if pub.Report != nil {
+			rawBytes += int64(proto.Size(kafkabus.ToProto(pub.Report, epoch, now)))
+			measuring.Store(true)
 			require.NoError(b, self.Publish(ctx, pub.Report))
+			measuring.Store(false)
 			want = 3
 		}
 		tick(4)
@@ -172,6 +270,18 @@ func benchEpoch(b *testing.B, period int) {
 		}
 		updates += len(d.Updates)
 		shrinks += len(pub.Updates)
+		for _, e := range slowLog(ctx, b, client) {
+			if strings.HasPrefix(strings.ToUpper(e.cmd), "SLOWLOG") {
+				continue // the benchmark's own SLOWLOG RESET, not the coordinator's
+			}
+			if e.dur >= time.Millisecond {
+				over1ms++
+				slow = append(slow, e)
+			}
+			if e.dur > slowest.dur {
+				slowest = e
+			}
+		}
 	}
 
 	// Warm-up: the Core publishes nothing and writes nothing for
@@ -183,13 +293,27 @@ func benchEpoch(b *testing.B, period int) {
 		m++
 	}
 	wall, cpu, rcpu, updates, shrinks = [7]time.Duration{}, [7]time.Duration{}, [7]time.Duration{}, 0, 0
+	slowest, over1ms, slow, rawBytes = slowEntry{}, 0, nil, 0
+	produced.Store(0)
+	var usageMem int64
+	profile := os.Getenv("QUOTIENT_BENCH_CPUPROFILE")
 	n := 0
 	b.ResetTimer()
 	for b.Loop() {
 		b.StopTimer()
-		prepare(m)
+		usageMem += prepare(m)
 		b.StartTimer()
-		step(m)
+		if profile != "" && n == 0 {
+			// The first measured epoch only: the setup is not profiled.
+			f, err := os.Create(profile)
+			require.NoError(b, err)
+			require.NoError(b, pprof.StartCPUProfile(f))
+			step(m)
+			pprof.StopCPUProfile()
+			require.NoError(b, f.Close())
+		} else {
+			step(m)
+		}
 		m++
 		n++
 	}
@@ -202,10 +326,88 @@ func benchEpoch(b *testing.B, period int) {
 	}
 	b.ReportMetric(float64(rcpu[0].Milliseconds())/float64(n), "redis-cpu-ms/read")
 	b.ReportMetric(float64((rcpu[2]+rcpu[6]).Milliseconds())/float64(n), "redis-cpu-ms/writes")
+	b.ReportMetric(float64(total[0].Milliseconds())/float64(n), "ms/epoch")
 	b.ReportMetric(float64(total[1].Milliseconds())/float64(n), "cpu-ms/epoch")
 	b.ReportMetric(float64(total[2].Milliseconds())/float64(n), "redis-cpu-ms/epoch")
 	b.ReportMetric(float64(updates)/float64(n), "updates/epoch")
 	b.ReportMetric(float64(shrinks)/float64(n), "shrinks/epoch")
+	b.ReportMetric(float64(produced.Load())/float64(n)/float64(nkeys), "kafka-B/key")
+	b.ReportMetric(float64(rawBytes)/float64(n)/float64(nkeys), "kafka-raw-B/key")
+	b.ReportMetric(float64(usageMem)/float64(n)/float64(nkeys), "redis-usage-B/key")
+	b.ReportMetric(float64(slowest.dur.Microseconds()), "redis-max-us")
+	b.ReportMetric(float64(over1ms)/float64(n), "redis-over-1ms/epoch")
+	if slowest.dur > 0 {
+		b.Logf("%d keys: longest redis command %v: %s", nkeys, slowest.dur, slowest.cmd)
+	}
+	// Per command name (the log of a benchmark keeps only ten lines).
+	byName := map[string][]time.Duration{}
+	for _, e := range slow {
+		name, _, _ := strings.Cut(strings.ToUpper(e.cmd), " ")
+		byName[name] = append(byName[name], e.dur)
+	}
+	for name, ds := range byName {
+		slices.Sort(ds)
+		b.Logf("%d keys: %d %s commands of 1 ms or more in the measured epochs: median %v, longest %v", nkeys, len(ds), name, ds[len(ds)/2], ds[len(ds)-1])
+	}
+
+	// Memory, after the measured epochs: the share records in Redis (the
+	// usage hashes deleted), and the heap the Core retains.
+	var keys []string
+	for e := m - 5; e < m; e++ {
+		for s := range limiter.DefaultUsageShards {
+			keys = append(keys, limiter.UsageKey(e, s))
+		}
+	}
+	require.NoError(b, client.Del(ctx, keys...).Err())
+	b.ReportMetric(float64(redisMemory(ctx, b, client)-emptyMem)/float64(nkeys), "redis-shares-B/key")
+	stop()
+	<-done
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	withCore := ms.HeapAlloc
+	runtime.KeepAlive(core)
+	core = nil
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(int64(withCore)-int64(ms.HeapAlloc))/float64(nkeys), "core-B/key")
+}
+
+// redisMemory returns redis-server's used_memory (INFO memory), bytes.
+func redisMemory(ctx context.Context, b *testing.B, c *redis.Client) int64 {
+	info, err := c.Info(ctx, "memory").Result()
+	require.NoError(b, err)
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(b, err, line)
+			return n
+		}
+	}
+	b.Fatalf("no used_memory in INFO memory")
+	return 0
+}
+
+// slowEntry is one SLOWLOG entry: how long the command ran on
+// redis-server and the command with its first argument.
+type slowEntry struct {
+	dur time.Duration
+	cmd string
+}
+
+// slowLog returns every SLOWLOG entry.
+func slowLog(ctx context.Context, b *testing.B, c *redis.Client) []slowEntry {
+	logs, err := c.SlowLogGet(ctx, -1).Result()
+	require.NoError(b, err)
+	out := make([]slowEntry, 0, len(logs))
+	for _, l := range logs {
+		args := l.Args
+		if len(args) > 2 {
+			args = args[:2]
+		}
+		out = append(out, slowEntry{dur: l.Duration, cmd: strings.Join(args, " ")})
+	}
+	return out
 }
 
 // processCPU returns this process's user and system CPU time so far.

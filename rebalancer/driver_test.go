@@ -3,6 +3,7 @@ package rebalancer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -158,6 +159,7 @@ type fakeSource struct {
 	w      *world
 	region string
 	fail   bool
+	drop   bool // the gateways dropped every count: no usage, marked incomplete
 }
 
 func (s *fakeSource) Usage(_ context.Context, epoch int64) ([]Usage, error) {
@@ -165,6 +167,9 @@ func (s *fakeSource) Usage(_ context.Context, epoch int64) ([]Usage, error) {
 	defer s.w.mu.Unlock()
 	if s.fail {
 		return nil, errors.New("fake: usage unavailable")
+	}
+	if s.drop {
+		return nil, fmt.Errorf("%w: fake: gateways dropped usage of epoch %d", ErrUsageIncomplete, epoch)
 	}
 	var out []Usage
 	for _, k := range s.w.keys {
@@ -585,6 +590,49 @@ func TestDriverUsageFailureHoldsDemand(t *testing.T) {
 		assert.True(t, last.UsageUnknown)
 		assert.Error(t, last.UsageErr)
 		assert.GreaterOrEqual(t, last.CoreStats.UnknownUsage, int64(3))
+	})
+}
+
+// TestDriverIncompleteUsageHoldsShare: a busy region whose gateways drop
+// their usage (their key bound, marked incomplete) keeps its share while
+// it lasts, and the driver says so (CollectInfo.UsageIncomplete, no
+// usage_read error); the enforced sum stays within the limit.
+func TestDriverIncompleteUsageHoldsShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us", "ap"}, lim, keys)
+		w.demand = func(region string, _ int64, _ Key) int64 {
+			if region == "eu" {
+				return 250
+			}
+			return 0
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		regs := startRegions(t, ctx, w, driverTestConfig())
+		w.watch(14*time.Second, keys[0])
+		before := w.enforced("eu", keys[0])
+		require.Greater(t, before.RateMilli, 2*lim.Default().RateMilli, "eu grew into the others' shares")
+		w.mu.Lock()
+		regs[0].source.drop = true
+		w.mu.Unlock()
+		end := time.Now().Add(4 * time.Second)
+		for time.Now().Before(end) {
+			time.Sleep(50 * time.Millisecond)
+			got := w.enforced("eu", keys[0])
+			assert.GreaterOrEqual(t, got.RateMilli, before.RateMilli-lim.RateMilli/1000, "eu's share while its usage is dropped")
+		}
+		cancel()
+		synctest.Wait()
+		obs := regs[0].obs
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		last := obs.collects[len(obs.collects)-1]
+		assert.True(t, last.UsageIncomplete)
+		assert.False(t, last.UsageUnknown)
+		assert.ErrorIs(t, last.UsageErr, ErrUsageIncomplete)
+		assert.GreaterOrEqual(t, last.CoreStats.IncompleteUsage, int64(3))
+		assert.Zero(t, last.CoreStats.UnknownUsage)
 	})
 }
 

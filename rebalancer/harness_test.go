@@ -72,6 +72,12 @@ type cluster struct {
 	// unknown is the probability that a region's usage read fails, so it
 	// collects the epoch with CollectUnknown.
 	unknown float64
+	// incomplete is the probability that a region's usage is a lower bound
+	// (a gateway dropped counts at its key bound): a random part of the
+	// entries is dropped and the rest lowered, and the region collects the
+	// epoch with CollectIncomplete; the cluster then checks that no key's
+	// smoothed demand fell and that nothing was written at collection.
+	incomplete float64
 	// lookup, when set, is the Cores' Policies instead of policies, and
 	// limitAt the limit in force for a key at t (what the gateways apply,
 	// for the default share and the check); see overrideLookup.
@@ -202,9 +208,41 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		}
 		var pub Published
 		var err error
-		if c.unknown > 0 && c.r.Float64() < c.unknown {
+		switch {
+		case c.unknown > 0 && c.r.Float64() < c.unknown:
 			pub, err = h.core.CollectUnknown(end)
-		} else {
+		case c.incomplete > 0 && c.r.Float64() < c.incomplete:
+			var thin []Usage
+			for _, u := range usage {
+				switch c.r.IntN(3) {
+				case 0: // dropped
+				case 1:
+					u.Demand = c.r.Int64N(u.Demand + 1)
+					u.Admitted = min(u.Admitted, u.Demand)
+					thin = append(thin, u)
+				default:
+					thin = append(thin, u)
+				}
+			}
+			before := map[Key]int64{}
+			for k, st := range h.core.keys {
+				before[k] = st.smoothed
+			}
+			pub, err = h.core.CollectIncomplete(end, thin)
+			require.NoError(c.t, err)
+			require.Empty(c.t, pub.Updates, "region %s epoch %d: an incomplete epoch gives up no share at collection", h.name, e)
+			for k, prev := range before {
+				if st, ok := h.core.keys[k]; ok {
+					require.GreaterOrEqual(c.t, st.smoothed, prev, "region %s epoch %d key %v: an incomplete epoch lowered the smoothed demand", h.name, e, k)
+				}
+			}
+			if pub.Report != nil {
+				for _, kr := range pub.Report.Keys {
+					st := h.core.keys[kr.Key]
+					require.Equal(c.t, st.share, kr.Share, "region %s epoch %d key %v: the report claims what is enforced", h.name, e, kr.Key)
+				}
+			}
+		default:
 			pub, err = h.core.Collect(end, usage)
 		}
 		require.NoError(c.t, err)

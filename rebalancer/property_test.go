@@ -61,10 +61,13 @@ type scenario struct {
 	bus     *chaos
 	crashes []crash
 	epochs  int64
-	skip    float64     // probability that a driver misses a decision window
-	late    float64     // probability that a report arrives after MaxWait, within the next epoch
-	unknown float64     // probability that a usage read fails (CollectUnknown)
-	demand  [][][]int64 // [epoch][region][key] cost units
+	skip    float64 // probability that a driver misses a decision window
+	late    float64 // probability that a report arrives after MaxWait, within the next epoch
+	unknown float64 // probability that a usage read fails (CollectUnknown)
+	// incomplete is the probability that a region's usage is a lower bound
+	// (CollectIncomplete, usage thinned).
+	incomplete float64
+	demand     [][][]int64 // [epoch][region][key] cost units
 }
 
 func randScenario(r *rand.Rand) scenario {
@@ -142,6 +145,9 @@ func randScenario(r *rand.Rand) scenario {
 	if r.IntN(3) == 0 {
 		s.unknown = r.Float64() * 0.3
 	}
+	if r.IntN(3) == 0 {
+		s.incomplete = r.Float64() * 0.4
+	}
 	return s
 }
 
@@ -153,6 +159,7 @@ func (s scenario) run(t testing.TB, r *rand.Rand) *cluster {
 	c.skip = s.skip
 	c.late = s.late
 	c.unknown = s.unknown
+	c.incomplete = s.incomplete
 	base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s.cfg.Epoch)
 	for e := int64(0); e < s.epochs; e++ {
 		for _, cr := range s.crashes {
@@ -186,7 +193,7 @@ func TestSafetyUnderChaos(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(11, 12))
 	modes := map[shares.Mode]int{}
-	var silent, above, total, late, again, unknown int
+	var silent, above, total, late, again, unknown, incomplete int
 	for i := 0; i < cases; i++ {
 		seed := r.Uint64()
 		s := randScenario(rand.New(rand.NewPCG(seed, 1)))
@@ -196,6 +203,7 @@ func TestSafetyUnderChaos(t *testing.T) {
 				late += int(h.core.Stats().LateDecisions)
 				again += int(h.core.Stats().AgainDecisions)
 				unknown += int(h.core.Stats().UnknownUsage)
+				incomplete += int(h.core.Stats().IncompleteUsage)
 				for _, d := range h.decisions {
 					total++
 					modes[d.Mode]++
@@ -215,10 +223,11 @@ func TestSafetyUnderChaos(t *testing.T) {
 		}
 	}
 	// The scenarios must exercise every path, not pass by standing still.
-	t.Logf("decisions %d: %v; late %d; again %d; usage unknown %d; with silent regions %d; updates above default %d", total, modes, late, again, unknown, silent, above)
+	t.Logf("decisions %d: %v; late %d; again %d; usage unknown %d; usage incomplete %d; with silent regions %d; updates above default %d", total, modes, late, again, unknown, incomplete, silent, above)
 	require.Greater(t, late, total/100)
 	require.Greater(t, again, total/100)
 	require.Greater(t, unknown, total/100)
+	require.Greater(t, incomplete, total/100)
 	require.Greater(t, modes[shares.Grow], total/4)
 	require.Greater(t, modes[shares.Hold], total/50)
 	require.Greater(t, modes[shares.Fallback], total/10)

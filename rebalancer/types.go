@@ -24,6 +24,12 @@ var (
 	// ErrNothingPending: Decide was called with no published epoch waiting
 	// for a decision.
 	ErrNothingPending = errors.New("rebalancer: no epoch pending")
+	// ErrUsageIncomplete is wrapped by a UsageSource's error when the usage
+	// it returns with it is a lower bound: some gateway dropped usage of
+	// the epoch (its UsageMaxKeys bound), so a key may be missing although
+	// it was used, and a total may be short. The driver collects such an
+	// epoch with Core.CollectIncomplete.
+	ErrUsageIncomplete = errors.New("rebalancer: usage incomplete")
 )
 
 // Key identifies one global limit of one subject.
@@ -125,8 +131,11 @@ func (m PolicyMap) Limit(policyID string) (shares.Limit, bool) {
 type UsageSource interface {
 	// Usage returns the usage flushed for epoch, and removes it from the
 	// source only when it is returned without error. The caller owns the
-	// slice. An error means nothing was read; the driver retries or
-	// reports the epoch with no usage.
+	// slice. An error wrapping ErrUsageIncomplete comes with the usage
+	// that was read, which is a lower bound of the epoch's (the driver
+	// collects it with Core.CollectIncomplete); any other error means
+	// nothing was read, and the driver collects the epoch with its usage
+	// unknown (Core.CollectUnknown).
 	Usage(ctx context.Context, epoch int64) ([]Usage, error)
 }
 

@@ -23,6 +23,7 @@ type metrics struct {
 	decisions     *prometheus.CounterVec
 	updates       prometheus.Counter
 	usageUnknown  prometheus.Counter
+	usageIncompl  prometheus.Counter
 	again         prometheus.Counter
 	held          prometheus.Gauge
 	// heldFrom is the epoch after the last one decided with growth or in
@@ -81,12 +82,16 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 			Name: "quotient_coordinator_usage_unknown_epochs_total",
 			Help: "Epochs collected with their usage unknown (the read failed): smoothed demand and shares were held, not cut to the floor.",
 		}),
+		usageIncompl: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quotient_coordinator_usage_incomplete_epochs_total",
+			Help: "Epochs whose usage a gateway dropped in part (its --usage-max-keys bound, marked in Redis): collected as a lower bound, so no key's smoothed demand fell and no share was given up at collection.",
+		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quotient_coordinator_errors_total",
 			Help: "Failures by kind: usage_read, publish (report not published), share_write, report (invalid report received).",
 		}, []string{"kind"}),
 	}
-	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.usageUnknown, m.again, m.held, m.errors)
+	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.usageUnknown, m.usageIncompl, m.again, m.held, m.errors)
 	for _, k := range []string{"usage_read", "publish", "share_write", "report"} {
 		m.errors.WithLabelValues(k)
 	}
@@ -101,11 +106,14 @@ func (m *metrics) Collected(c rebalancer.CollectInfo) {
 	m.keys.WithLabelValues("usage").Set(float64(c.UsageKeys))
 	m.keys.WithLabelValues("reported").Set(float64(c.ReportKeys))
 	m.keys.WithLabelValues("state").Set(float64(c.CoreKeys))
-	if c.UsageErr != nil {
+	if c.UsageErr != nil && !c.UsageIncomplete {
 		m.errors.WithLabelValues("usage_read").Inc()
 	}
 	if c.UsageUnknown {
 		m.usageUnknown.Inc()
+	}
+	if c.UsageIncomplete {
+		m.usageIncompl.Inc()
 	}
 	if c.PublishErr != nil {
 		m.errors.WithLabelValues("publish").Inc()

@@ -49,3 +49,38 @@ func TestHeldEpochsGauge(t *testing.T) {
 	assert.Equal(t, 0.0, decide(16, shares.Grow, false))
 	assert.Equal(t, 1.0, gathered(t, reg, "quotient_coordinator_again_decisions_total"))
 }
+
+// TestIncompleteUsageMetric: an epoch collected as incomplete (a gateway
+// dropped usage at its key bound) counts in
+// quotient_coordinator_usage_incomplete_epochs_total, not as a failed
+// usage read; an unknown one counts as both unknown and a read error.
+func TestIncompleteUsageMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg, []string{"a", "b"})
+	readErrors := func() float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() != "quotient_coordinator_errors_total" {
+				continue
+			}
+			for _, mt := range mf.GetMetric() {
+				for _, l := range mt.GetLabel() {
+					if l.GetName() == "kind" && l.GetValue() == "usage_read" {
+						return mt.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		t.Fatal("no usage_read errors series")
+		return 0
+	}
+	m.Collected(rebalancer.CollectInfo{UsageErr: rebalancer.ErrUsageIncomplete, UsageIncomplete: true})
+	assert.Equal(t, 1.0, gathered(t, reg, "quotient_coordinator_usage_incomplete_epochs_total"))
+	assert.Equal(t, 0.0, gathered(t, reg, "quotient_coordinator_usage_unknown_epochs_total"))
+	assert.Equal(t, 0.0, readErrors())
+	m.Collected(rebalancer.CollectInfo{UsageErr: assert.AnError, UsageUnknown: true})
+	assert.Equal(t, 1.0, gathered(t, reg, "quotient_coordinator_usage_incomplete_epochs_total"))
+	assert.Equal(t, 1.0, gathered(t, reg, "quotient_coordinator_usage_unknown_epochs_total"))
+	assert.Equal(t, 1.0, readErrors())
+}

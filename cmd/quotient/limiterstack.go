@@ -32,6 +32,7 @@ type limiterFlags struct {
 	usageFlush   time.Duration
 	instances    int
 	usageShards  int
+	usageMaxKeys int // limiter.Config.UsageMaxKeys
 	pipeline     int
 	eventSample  float64
 }
@@ -48,6 +49,7 @@ func (f *limiterFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.usageFlush, "usage-flush", time.Second, "how often the usage of global policies is written to Redis for the coordinator; keep it well below the coordinator's --collect-delay, or an epoch's last usage is read an epoch late")
 	fs.IntVar(&f.instances, "instances", 1, "instances of this process in the region (local fallbacks get rate / instances)")
 	fs.IntVar(&f.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (must match the coordinator)")
+	fs.IntVar(&f.usageMaxKeys, "usage-max-keys", limiter.DefaultConfig().UsageMaxKeys, "usage counts of global policies held in memory, one per (epoch, policy, subject), about 180 B of heap each (250 B while a flush runs); beyond it new keys' usage is dropped, counted (quotient_limiter_usage_overflow_keys_total) and its epoch marked incomplete, so the coordinator holds those shares instead of shrinking them. Size it above the distinct global keys this process sees in two epochs")
 	fs.Float64Var(&f.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
 	fs.IntVar(&f.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
 }
@@ -72,6 +74,8 @@ func (f *limiterFlags) validate() error {
 		return fmt.Errorf("--event-sample must be in [0, 1], got %v", f.eventSample)
 	case f.epoch <= 0:
 		return fmt.Errorf("--epoch must be > 0, got %v", f.epoch)
+	case f.usageMaxKeys < 1:
+		return fmt.Errorf("--usage-max-keys must be >= 1, got %d", f.usageMaxKeys)
 	}
 	return nil
 }
@@ -232,6 +236,7 @@ func newLimiterStack(ctx context.Context, f *limiterFlags, lookupEnv func(string
 	lcfg.Instances = f.instances
 	lcfg.Region = f.region
 	lcfg.UsageEpoch = f.epoch
+	lcfg.UsageMaxKeys = f.usageMaxKeys
 	lcfg.EventSampleRate = f.eventSample
 	if f.eventSample == 0 {
 		lcfg.EventSampleRate = -1 // the limiter's "off"

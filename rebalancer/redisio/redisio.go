@@ -49,7 +49,30 @@ func NewSource(client redis.UniversalClient, shards int) *Source {
 // (BadFields) and remembered (LastBadFields); the totals that did parse are
 // returned without error, since one bad field must not blank the whole
 // region's usage.
+//
+// After the totals it reads the epoch's overflow marker
+// (limiter.CollectUsageOverflow): when a gateway dropped usage of the
+// epoch, or when the marker cannot be read (completeness unknown), the
+// totals come with an error wrapping rebalancer.ErrUsageIncomplete: they
+// are a lower bound, and the driver collects them as such.
 func (s *Source) Usage(ctx context.Context, epoch int64) ([]rebalancer.Usage, error) {
+	out, err := s.totals(ctx, epoch)
+	if err != nil {
+		return nil, err
+	}
+	// After the totals: a gateway writes its marker before its counts,
+	// so counts read here that lack a dropped key's come with the marker.
+	ovf, dropped, oerr := limiter.CollectUsageOverflow(ctx, s.client, epoch)
+	switch {
+	case oerr != nil && !dropped:
+		return out, fmt.Errorf("%w: epoch %d: overflow marker unreadable: %w", rebalancer.ErrUsageIncomplete, epoch, oerr)
+	case dropped:
+		return out, fmt.Errorf("%w: epoch %d: gateways dropped usage of %d keys (%d requests) at their key bound", rebalancer.ErrUsageIncomplete, epoch, ovf.Keys, ovf.Requests)
+	}
+	return out, nil
+}
+
+func (s *Source) totals(ctx context.Context, epoch int64) ([]rebalancer.Usage, error) {
 	totals, err := limiter.CollectUsageTotals(ctx, s.client, epoch, s.shards)
 	switch {
 	case errors.Is(err, limiter.ErrBadUsage):
