@@ -34,6 +34,7 @@ type limiterFlags struct {
 	usageShards  int
 	pipeline     int
 	eventSample  float64
+	clockOffset  time.Duration // for tests only: this process's clock is off by this much (clock.go)
 }
 
 // register adds the flags to fs.
@@ -50,6 +51,7 @@ func (f *limiterFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (must match the coordinator)")
 	fs.Float64Var(&f.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
 	fs.IntVar(&f.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
+	registerClockOffset(fs, &f.clockOffset)
 }
 
 // validate checks the parsed flags; errors name the flag. The region set
@@ -73,7 +75,7 @@ func (f *limiterFlags) validate() error {
 	case f.epoch <= 0:
 		return fmt.Errorf("--epoch must be > 0, got %v", f.epoch)
 	}
-	return nil
+	return validClockOffset(f.clockOffset)
 }
 
 var regionNamePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -140,6 +142,9 @@ type limiterStack struct {
 	region string
 	log    *slog.Logger
 	reg    prometheus.Registerer
+	// clock is the process's clock (--clock-offset): the limiter's, and
+	// the RLQS server's.
+	clock offsetClock
 	// hook gives the limiter the overrides of the Redis policy source,
 	// once startPolicies has built it.
 	hook    *overrideHook
@@ -238,6 +243,14 @@ func newLimiterStack(ctx context.Context, f *limiterFlags, lookupEnv func(string
 	}
 	lcfg.Logger = s.log
 	lcfg.Metrics = s.reg
+	// The limiter's clock numbers the usage epochs of global policies (and
+	// runs the breaker, deny cache and fallback); decisions on Redis use
+	// server time whatever it says. --clock-offset shifts it, for tests.
+	s.clock = offsetClock{offset: f.clockOffset}
+	lcfg.Clock = s.clock
+	if f.clockOffset != 0 {
+		s.log.Warn("quotient "+o.name+": --clock-offset is set: this process's clock is shifted (for tests only)", "clock_offset", f.clockOffset.String())
+	}
 	// The limiter asks the reloader for overrides; the reloader needs the
 	// limiter: the hook is set once both exist, before any request.
 	if o.overrides {
