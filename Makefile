@@ -84,7 +84,7 @@ simulate:
 ## its virtual-time run (needs root, ip, nft, redis-server; one run at a time)
 TIME_SCALE ?= 5
 RATE_SCALE ?= 5
-DEPLOYED_SCENARIOS ?= $(filter-out %/fixed-window-replicated.json %/five-regions-lossy.json %/zipf-many-keys.json,$(wildcard simulations/scenarios/*.json))
+DEPLOYED_SCENARIOS ?= $(filter-out %/fixed-window-replicated.json %/zipf-many-keys.json,$(wildcard simulations/scenarios/*.json))
 simulate-deployed: deps
 	mkdir -p out/bin
 	CGO_ENABLED=0 $(GO) build -o out/bin/quotient ./cmd/quotient
