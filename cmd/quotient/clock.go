@@ -47,7 +47,7 @@ func registerClockOffset(fs *flag.FlagSet, d *time.Duration) {
 // validClockOffset checks a --clock-offset value.
 func validClockOffset(d time.Duration) error {
 	if d < -maxClockOffset || d > maxClockOffset {
-		return fmt.Errorf("--clock-offset %v: want a duration within ±%v", d, maxClockOffset)
+		return fmt.Errorf("--clock-offset %v: want a duration within ±1h", d)
 	}
 	return nil
 }

@@ -169,7 +169,7 @@ func TestGatewayClockOffset(t *testing.T) {
 }
 
 // TestClockOffsetBadInput: an offset beyond ±1h, or not a duration, exits
-// 2 naming the flag, on both commands.
+// 2 naming the flag, on every command that has it.
 func TestClockOffsetBadInput(t *testing.T) {
 	good := writePolicies(t, globalPolicy)
 	for _, tc := range []struct {
@@ -179,6 +179,7 @@ func TestClockOffsetBadInput(t *testing.T) {
 	}{
 		{"coordinator too far", []string{"coordinator", "--region", "a", "--regions", "a", "--policies", good, "--clock-offset", "2h"}, "--clock-offset 2h0m0s: want a duration within ±1h"},
 		{"coordinator not a duration", []string{"coordinator", "--region", "a", "--regions", "a", "--policies", good, "--clock-offset", "soon"}, "-clock-offset"},
+		{"rls too far", []string{"rls", "--redis", "x:1", "--config-dir", t.TempDir(), "--clock-offset", "3h"}, "--clock-offset 3h0m0s: want a duration within ±1h"},
 		{"gateway too far", []string{"gateway", "--upstream", "http://127.0.0.1:1", "--redis", "x:1", "--policies", good, "--clock-offset", "-61m"}, "--clock-offset -1h1m0s: want a duration within ±1h"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
