@@ -138,7 +138,15 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Logger receives the coordinator's log lines. Default: discard.
 	Logger *slog.Logger
-	// Clock is the rebalancer driver's time source. Default: system clock.
+	// Clock is the coordinator's time source for everything the protocol
+	// reads the time for: the epoch loop (epoch numbers, its deadlines and
+	// the fence's claims), the reports' sent_unix_ms and the Kafka record
+	// timestamps, the consumers' lookback start, the daily-quota
+	// replication (windows, record timestamps, active keys), admin writes'
+	// stamps and override expiry, and /healthz. One clock for all, so a
+	// skewed coordinator (cmd/quotient --clock-offset, for tests) is skewed
+	// everywhere at once. Timers wait real durations. Must be safe for
+	// concurrent use. Default: the system clock.
 	Clock rebalancer.Clock
 	// Observer, when set, also receives what the epoch loop does, in every
 	// term this replica leads (after the coordinator's metrics; same
@@ -178,6 +186,9 @@ func (c *Config) validate() error {
 	}
 	if c.LeaveTimeout == 0 {
 		c.LeaveTimeout = d.LeaveTimeout
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
 	}
 	switch {
 	case len(c.RedisAddrs) == 0:
@@ -252,4 +263,14 @@ func checkLimits(limits rebalancer.PolicyMap) error {
 		}
 	}
 	return nil
+}
+
+// systemClock is the default Config.Clock.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
 }

@@ -135,6 +135,7 @@ func New(cfg Config) (*Coordinator, error) {
 	// Look back far enough for the reports of the current decision window
 	// and the silence rule, whatever the epoch length.
 	bcfg.Lookback = max(bcfg.Lookback, time.Duration(rcfg.SilenceEpochs+3)*rcfg.Epoch)
+	bcfg.Now = cfg.Clock.Now
 	if c.bus, err = kafkabus.New(c.kafka, bcfg); err != nil {
 		return fail(err)
 	}
@@ -156,7 +157,7 @@ func New(cfg Config) (*Coordinator, error) {
 		if err != nil {
 			return fail(err)
 		}
-		srv, err := admin.NewServer(admin.Config{Catalog: c.catalog, Log: c.plog, Tokens: cfg.AdminTokens, Usage: usage, Logger: log, Changed: c.policyChanged})
+		srv, err := admin.NewServer(admin.Config{Catalog: c.catalog, Log: c.plog, Tokens: cfg.AdminTokens, Usage: usage, Logger: log, Changed: c.policyChanged, Clock: cfg.Clock})
 		if err != nil {
 			return fail(err)
 		}
@@ -195,7 +196,7 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	adapter, err := kafkabus.NewAdapter(c.bus, c.rcfg.Epoch, nil)
+	adapter, err := kafkabus.NewAdapter(c.bus, c.rcfg.Epoch, c.cfg.Clock.Now)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -461,10 +462,7 @@ type health struct {
 // started less than two epochs ago) and its share writes succeed; 503
 // otherwise, with the reason.
 func (c *Coordinator) healthz(w http.ResponseWriter, _ *http.Request) {
-	now := time.Now()
-	if c.cfg.Clock != nil {
-		now = c.cfg.Clock.Now()
-	}
+	now := c.cfg.Clock.Now()
 	h := health{Status: "ok", Region: c.cfg.Region, Name: c.name, Role: "follower"}
 	if c.member != nil {
 		h.Leader = c.member.Leader()

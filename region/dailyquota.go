@@ -56,6 +56,7 @@ func (dq *dailyQuota) build(pols []dailyquota.Policy) (*dailyquota.Driver, *kafk
 	cfg := dq.cfg
 	bcfg := kafkarepl.DefaultConfig()
 	bcfg.Topic = cfg.DailyQuotaTopic
+	bcfg.Now = cfg.Clock.Now
 	if cfg.Mirrored {
 		bcfg.ConsumeTopics = kafkarepl.MirroredTopics(cfg.DailyQuotaTopic, others(cfg)...)
 	}
@@ -65,6 +66,7 @@ func (dq *dailyQuota) build(pols []dailyquota.Policy) (*dailyquota.Driver, *kafk
 	}
 	dcfg := dailyquota.DefaultDriverConfig(cfg.Region, cfg.Regions, pols)
 	dcfg.Logger = dq.log
+	dcfg.Clock = cfg.Clock
 	drv, err := dailyquota.NewDriver(dcfg, dq.store, dq.active, bus)
 	if err != nil {
 		_ = bus.Close()

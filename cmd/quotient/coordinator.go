@@ -51,6 +51,9 @@ func runCoordinator(ctx context.Context, env environment, args []string) int {
 		fmt.Fprintln(env.stderr, "quotient coordinator:", err)
 		return 2
 	}
+	if cfg.clockOffset != 0 {
+		rc.Logger.Warn("quotient coordinator: --clock-offset is set: this process's clock is shifted (for tests only)", "clock_offset", cfg.clockOffset.String())
+	}
 	// A misconfigured connection (wrong CA, refused AUTH or SASL) is one
 	// line and exit status 1 now, not a coordinator that never gets ready.
 	if err := checkRedis(ctx, coordinatorRedis(rc), &cfg.redisSec, rc.Logger); err != nil {
@@ -119,6 +122,12 @@ func coordinatorRegionConfig(cfg coordinatorConfig, env environment) (region.Con
 	case cfg.gossipBind == "" && cfg.gossipSeeds != "":
 		return rc, errors.New("--gossip-seeds needs --gossip-bind: the address this replica gossips on")
 	}
+	if err := validClockOffset(cfg.clockOffset); err != nil {
+		return rc, err
+	}
+	// Every clock reading of the protocol (region.Config.Clock) is shifted
+	// by --clock-offset; zero in production.
+	rc.Clock = offsetClock{offset: cfg.clockOffset}
 	ro, err := cfg.redisSec.options(cfg.redis, cfg.redisCluster, env.lookupEnv)
 	if err != nil {
 		return rc, err

@@ -29,6 +29,7 @@ type coordinatorConfig struct {
 	nodeName     string        // this replica's name in the region
 	gossipBind   string        // host:port of memberlist gossip; empty: single replica
 	gossipSeeds  string        // comma list of other replicas' gossip addresses
+	clockOffset  time.Duration // for tests only: this process's clock is off by this much (clock.go)
 
 	redisSec  redisSecurity  // TLS and AUTH to Redis (transport.go)
 	kafkaSec  kafkaSecurity  // TLS and SASL to Kafka
@@ -59,6 +60,7 @@ func coordinatorFlagSet(cfg *coordinatorConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.mirrored, "mirrored", false, "one Kafka cluster per region mirrored with MirrorMaker 2: also consume <region>.<topic> for every other region")
 	fs.IntVar(&cfg.usageShards, "usage-shards", 16, "usage shard hashes per epoch; must match the gateways")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	registerClockOffset(fs, &cfg.clockOffset)
 	cfg.redisSec.register(fs)
 	cfg.kafkaSec.register(fs)
 	cfg.listenSec.register(fs)

@@ -35,6 +35,7 @@ type limiterFlags struct {
 	usageMaxKeys int // limiter.Config.UsageMaxKeys
 	pipeline     int
 	eventSample  float64
+	clockOffset  time.Duration // for tests only: this process's clock is off by this much (clock.go)
 }
 
 // register adds the flags to fs.
@@ -52,6 +53,7 @@ func (f *limiterFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.usageMaxKeys, "usage-max-keys", limiter.DefaultConfig().UsageMaxKeys, "usage counts of global policies held in memory, one per (epoch, policy, subject), about 180 B of heap each (250 B while a flush runs); beyond it new keys' usage is dropped, counted (quotient_limiter_usage_overflow_keys_total) and its epoch marked incomplete, so the coordinator holds those shares instead of shrinking them. Size it above the distinct global keys this process sees in two epochs")
 	fs.Float64Var(&f.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
 	fs.IntVar(&f.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
+	registerClockOffset(fs, &f.clockOffset)
 }
 
 // validate checks the parsed flags; errors name the flag. The region set
@@ -77,7 +79,7 @@ func (f *limiterFlags) validate() error {
 	case f.usageMaxKeys < 1:
 		return fmt.Errorf("--usage-max-keys must be >= 1, got %d", f.usageMaxKeys)
 	}
-	return nil
+	return validClockOffset(f.clockOffset)
 }
 
 var regionNamePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -144,6 +146,9 @@ type limiterStack struct {
 	region string
 	log    *slog.Logger
 	reg    prometheus.Registerer
+	// clock is the process's clock (--clock-offset): the limiter's, and
+	// the RLQS server's.
+	clock offsetClock
 	// hook gives the limiter the overrides of the Redis policy source,
 	// once startPolicies has built it.
 	hook    *overrideHook
@@ -243,6 +248,14 @@ func newLimiterStack(ctx context.Context, f *limiterFlags, lookupEnv func(string
 	}
 	lcfg.Logger = s.log
 	lcfg.Metrics = s.reg
+	// The limiter's clock numbers the usage epochs of global policies (and
+	// runs the breaker, deny cache and fallback); decisions on Redis use
+	// server time whatever it says. --clock-offset shifts it, for tests.
+	s.clock = offsetClock{offset: f.clockOffset}
+	lcfg.Clock = s.clock
+	if f.clockOffset != 0 {
+		s.log.Warn("quotient "+o.name+": --clock-offset is set: this process's clock is shifted (for tests only)", "clock_offset", f.clockOffset.String())
+	}
 	// The limiter asks the reloader for overrides; the reloader needs the
 	// limiter: the hook is set once both exist, before any request.
 	if o.overrides {

@@ -91,5 +91,6 @@ func newQuotaServer(cfg *rlsConfig, stack *limiterStack, srv *rls.Server, log *s
 		UsageFlush:   cfg.usageFlush,
 		Metrics:      reg,
 		Logger:       log,
+		Clock:        stack.clock,
 	})
 }

@@ -106,8 +106,14 @@ func runDeployedFile(ctx context.Context, env environment, file string, sc *simu
 		}
 		return nil, 2
 	}
+	for _, n := range st.Applied {
+		fmt.Fprintf(env.stderr, "%s: applied deployed: %s\n", file, n)
+	}
 	for _, n := range st.NotApplied {
 		fmt.Fprintf(env.stderr, "%s: not applied deployed: %s\n", file, n)
+	}
+	for _, n := range st.Warnings {
+		fmt.Fprintf(env.stderr, "%s: warning: %s\n", file, n)
 	}
 	if ok, why := st.Faithful(); !ok {
 		fmt.Fprintf(env.stderr, "%s: warning: this machine did not keep the real-time schedule (%s); try a smaller --time-scale or a larger --rate-scale\n", file, why)

@@ -86,9 +86,17 @@ type Stats struct {
 	// at the end, summed over regions (decisions that did not consult the
 	// store; -1 when unreadable).
 	Fallback int64
-	// NotApplied lists scenario fields the run accepted but could not apply
-	// on the real path (clock_skew_ms).
+	// Applied lists how the run applied scenario fields that need saying
+	// (clock_skew_ms: each skewed region's --clock-offset).
+	Applied []string
+	// NotApplied lists scenario fields, or parts of them, the run accepted
+	// but could not apply on the real path (the skewed regions'
+	// redis-server keeps the machine's clock).
 	NotApplied []string
+	// Warnings lists what makes the run, and virtual time on the same file,
+	// leave the protocol's assumptions (clocks further apart than an epoch
+	// minus the collection and publication allowance).
+	Warnings []string
 	// Dir is where the logs are (kept when the run failed).
 	Dir string
 }
@@ -296,3 +304,38 @@ func keyDoc(sc *simulations.Scenario) ([]byte, error) {
 
 // join is strings.Join for flags.
 func join(s []string) string { return strings.Join(s, ",") }
+
+// clockOffset is region r's clock_skew_ms as its processes' --clock-offset
+// (real time): the skew divided by the time scale, like every other
+// duration of the scenario, so that skew / epoch, which is what the
+// protocol sees, is the scenario's own and virtual time on the same file
+// models the same clocks.
+func clockOffset(sc *simulations.Scenario, r int, scale int64) time.Duration {
+	return time.Duration(sc.ClockSkewMs[r]) * time.Millisecond / time.Duration(scale)
+}
+
+// skewNotes describes how a run at timing t applies sc's clock skew: one
+// Applied line per skewed region, the NotApplied part (redis-server's
+// clock) and, when the clocks are further apart than the protocol
+// assumes, a warning (see the rebalancer package doc: regions' clocks
+// differ by less than one epoch minus the time to collect and publish;
+// the allowance taken here is the collect delay plus the max wait, both
+// scaled, so a scenario that breaks it breaks it in virtual time too).
+func skewNotes(sc *simulations.Scenario, t timing) (applied, notApplied, warnings []string) {
+	var lo, hi time.Duration
+	for r := range sc.Regions {
+		off := clockOffset(sc, r, t.scale)
+		lo, hi = min(lo, off), max(hi, off)
+		if off != 0 {
+			applied = append(applied, fmt.Sprintf("clock_skew_ms.%s (%d ms): --clock-offset %v on its coordinator and gateway (the skew / time scale %d)", sc.Regions[r], sc.ClockSkewMs[r], off, t.scale))
+		}
+	}
+	if len(applied) == 0 {
+		return nil, nil, nil
+	}
+	notApplied = []string{"clock_skew_ms: the skewed regions' redis-server keeps the machine's clock (its token buckets refill by differences of it, which an offset does not change; share records expire at their absolute time by it)"}
+	if budget := t.epoch - t.collect - t.maxWait; hi-lo >= budget {
+		warnings = append(warnings, fmt.Sprintf("clock_skew_ms: the clocks are %v apart (real), not less than the epoch %v minus the collect delay %v and the max wait %v: the protocol assumes less (rebalancer package doc), here and in virtual time", hi-lo, t.epoch, t.collect, t.maxWait))
+	}
+	return applied, notApplied, warnings
+}

@@ -97,3 +97,41 @@ func TestAvailableNamesAMissingBinary(t *testing.T) {
 	assert.ErrorIs(t, err, ErrUnavailable)
 	assert.ErrorContains(t, err, filepath.Join(dir, "devkafka"))
 }
+
+// TestClockSkewIsScaledAndSaid: each region's clock_skew_ms becomes its
+// processes' clock offset divided by the time scale (as every duration of
+// the scenario is), the run says so per region and names what keeps the
+// machine's clock, and clocks further apart than the protocol's allowance
+// are warned about.
+func TestClockSkewIsScaledAndSaid(t *testing.T) {
+	doc := func(skew string) *simulations.Scenario {
+		return parse(t, `{"name": "s", "seed": 1, "duration_s": 120, "regions": ["a", "b", "c"], "clock_skew_ms": `+skew+`,
+		  "policies": [{"id": "p", "scope": "global", "algorithm": "token_bucket", "rate_per_sec": 100, "burst": 200}],
+		  "traffic": [{"key": "k", "policies": ["p"], "rate": {"a": [[0, 5]]}}]}`)
+	}
+	cfg := DefaultConfig()
+	sc := doc(`{"a": 800, "c": -600}`)
+	tm, err := cfg.validate(sc)
+	require.NoError(t, err)
+	assert.Equal(t, []time.Duration{160 * time.Millisecond, 0, -120 * time.Millisecond},
+		[]time.Duration{clockOffset(sc, 0, tm.scale), clockOffset(sc, 1, tm.scale), clockOffset(sc, 2, tm.scale)})
+	applied, notApplied, warnings := skewNotes(sc, tm)
+	assert.Equal(t, []string{
+		"clock_skew_ms.a (800 ms): --clock-offset 160ms on its coordinator and gateway (the skew / time scale 5)",
+		"clock_skew_ms.c (-600 ms): --clock-offset -120ms on its coordinator and gateway (the skew / time scale 5)",
+	}, applied)
+	require.Len(t, notApplied, 1)
+	assert.Contains(t, notApplied[0], "redis-server keeps the machine's clock")
+	assert.Empty(t, warnings, "1.4 s apart on a 10 s epoch")
+
+	applied, notApplied, warnings = skewNotes(doc(`{}`), tm)
+	assert.Empty(t, applied)
+	assert.Empty(t, notApplied)
+	assert.Empty(t, warnings)
+
+	// 7 s apart: an epoch of 10 s minus 1 s of collect delay and 2 s of max
+	// wait leaves less than that.
+	_, _, warnings = skewNotes(doc(`{"a": 4000, "b": -3000}`), tm)
+	require.Len(t, warnings, 1)
+	assert.Contains(t, warnings[0], "the clocks are 1.4s apart (real)")
+}

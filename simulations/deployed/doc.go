@@ -62,9 +62,22 @@
 // are not). A duplicate is dropped by the coordinators by (region, epoch,
 // sequence) in both modes.
 //
-// Clock skew is not applied: neither binary has a clock offset flag, and
-// the hosts share the machine's clock. Check accepts clock_skew_ms and
-// Run lists it in Stats.NotApplied.
+// Clock skew: the hosts share the machine's clock, so a region's
+// clock_skew_ms is passed to its coordinator and gateway as --clock-offset
+// (a flag for tests only, which shifts every reading of the process's
+// clock for the protocol: epoch numbers, the epoch loop's deadlines and
+// fence claims, report and record timestamps, usage epochs), divided by
+// the time scale like every other duration, so skew / epoch is the
+// scenario's. That is what virtual time models: each region's clock is
+// true time plus its skew, for its coordinator and its limiter alike. Not
+// offset: the region's redis-server, whose clock refills the buckets (by
+// differences, which an offset does not change) and expires share records
+// at their absolute time. Run lists each region's offset in
+// Stats.Applied, redis-server in Stats.NotApplied, and warns
+// (Stats.Warnings) when the clocks are further apart than the epoch minus
+// the collect delay and the max wait (the protocol assumes less; see the
+// rebalancer package doc), which at the same skew / epoch holds or fails
+// in virtual time alike.
 //
 // # Faults
 //

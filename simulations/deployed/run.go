@@ -132,11 +132,7 @@ func Run(ctx context.Context, sc *simulations.Scenario, cfg Config) (*simulation
 	}
 	r := &run{sc: sc, cfg: cfg, t: t, rec: simulations.NewRecorder(sc)}
 	st := Stats{TimeScale: cfg.TimeScale, Fallback: -1}
-	for i, skew := range sc.ClockSkewMs {
-		if skew != 0 {
-			st.NotApplied = append(st.NotApplied, fmt.Sprintf("clock_skew_ms.%s (%d ms): the binaries have no clock offset flag", sc.Regions[i], skew))
-		}
-	}
+	st.Applied, st.NotApplied, st.Warnings = skewNotes(sc, t)
 	r.dir = cfg.Dir
 	temp := r.dir == ""
 	if temp {
@@ -223,7 +219,7 @@ func (r *run) setup(ctx context.Context) error {
 	// One proxy per region on the way to the broker.
 	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	lat := func(ms float64) int64 { return int64(ms/2/float64(r.t.scale) + 0.5) }
-	for _, name := range sc.Regions {
+	for ri, name := range sc.Regions {
 		h, err := r.lab.NewHost(name)
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrRun, err)
@@ -257,6 +253,13 @@ func (r *run) setup(ctx context.Context) error {
 				"--redis", h.Addr(redisPort), "--region", name, "--regions", join(sc.Regions),
 				"--epoch", r.t.epoch.String(), "--usage-flush", r.t.flush.String(), "--timeout", r.cfg.StoreDeadline.String(),
 				"--policies", polFile, "--keys", keyFile}}
+		// The region's clock skew, on both processes that read the clock
+		// for the protocol (epochs, fences, usage epochs).
+		if off := clockOffset(sc, ri, r.t.scale); off != 0 {
+			for _, p := range []*proc{rr.coordinator, rr.gateway} {
+				p.args = append(p.args, "--clock-offset", off.String())
+			}
+		}
 		rr.client = redis.NewClient(&redis.Options{Addr: h.Addr(redisPort)})
 		rr.http = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: r.cfg.Workers, MaxConnsPerHost: r.cfg.Workers}}
 		r.regions = append(r.regions, rr)
