@@ -92,7 +92,7 @@ simulate:
 ## the rlqs-* scenarios (Envoys) run in virtual time only
 TIME_SCALE ?= 5
 RATE_SCALE ?= 5
-DEPLOYED_SCENARIOS ?= $(filter-out %/fixed-window-replicated.json %/zipf-many-keys.json %/rlqs-%.json,$(wildcard simulations/scenarios/*.json))
+DEPLOYED_SCENARIOS ?= $(filter-out %/fixed-window-replicated.json %/zipf-many-keys.json %/rlqs-abrupt-shift.json %/rlqs-flash-crowd.json %/rlqs-many-envoys.json,$(wildcard simulations/scenarios/*.json))
 simulate-deployed: deps
 	mkdir -p out/bin
 	CGO_ENABLED=0 $(GO) build -o out/bin/quotient ./cmd/quotient
