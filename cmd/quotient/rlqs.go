@@ -89,6 +89,7 @@ func newQuotaServer(cfg *rlsConfig, stack *limiterStack, srv *rls.Server, log *s
 		UsageEpoch:   cfg.epoch,
 		ShareRefresh: cfg.quota.shareRefresh,
 		UsageFlush:   cfg.usageFlush,
+		UsageMaxKeys: cfg.usageMaxKeys,
 		Metrics:      reg,
 		Logger:       log,
 		Clock:        stack.clock,

@@ -73,6 +73,15 @@ type ServerConfig struct {
 	ShareRefresh time.Duration
 	// UsageFlush is how often usage is written to Usage. Default 1 s.
 	UsageFlush time.Duration
+	// UsageMaxKeys bounds the usage counts held between flushes, one per
+	// (epoch, policy, subject). Beyond it a new key's usage is dropped,
+	// counted (quotient_rlqs_usage_overflow_keys_total, _requests_total)
+	// and its epoch marked incomplete (limiter.UsageOverflow, when Usage is
+	// a limiter.UsageOverflowSink as limiter.RedisUsageSink is), so the
+	// coordinator holds the shares of that epoch instead of shrinking the
+	// keys it cannot see. Default 100,000; `quotient rls` passes its
+	// --usage-max-keys.
+	UsageMaxKeys int
 	// RedisTimeout bounds every share read and usage write. Default 1 s.
 	RedisTimeout time.Duration
 	// SkipWarmUp: grant at once after start. By default a new server
@@ -133,10 +142,17 @@ type Server struct {
 	mReports *prometheus.CounterVec
 	mActions *prometheus.CounterVec
 	mMsgs    prometheus.Counter
+	mOvfKeys prometheus.Counter
+	mOvfReqs prometheus.Counter
 
 	usageMu   sync.Mutex
 	usage     map[usageKey]limiter.UsageCount
 	lastFlush time.Time
+	// overflow is the usage dropped at ServerConfig.UsageMaxKeys, by epoch, not yet
+	// written as a marker; overflowSeen makes a key count once per epoch
+	// (up to maxOverflowSeen keys).
+	overflow     map[int64]*limiter.UsageOverflow
+	overflowSeen map[usageKey]struct{}
 }
 
 // NewServer returns a Server, or an error naming the missing or invalid
@@ -170,9 +186,13 @@ func NewServer(c ServerConfig) (*Server, error) {
 	if c.RedisTimeout <= 0 {
 		c.RedisTimeout = time.Second
 	}
+	if c.UsageMaxKeys <= 0 {
+		c.UsageMaxKeys = defaultUsageMaxKeys
+	}
 	s := &Server{cfg: c, clock: c.Clock, log: c.Logger, core: core,
 		info: map[BucketKey]*bucketInfo{}, streams: map[EnvoyID]*outbox{},
-		done: make(chan struct{}), usage: map[usageKey]limiter.UsageCount{}}
+		done: make(chan struct{}), usage: map[usageKey]limiter.UsageCount{},
+		overflow: map[int64]*limiter.UsageOverflow{}, overflowSeen: map[usageKey]struct{}{}}
 	if s.clock == nil {
 		s.clock = realClock{}
 	}
@@ -183,8 +203,10 @@ func NewServer(c ServerConfig) (*Server, error) {
 	s.mReports = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotient_rlqs_reports_total", Help: "RLQS usage report messages by result (ok, invalid, unknown_bucket)."}, []string{"result"})
 	s.mActions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quotient_rlqs_bucket_actions_total", Help: "Bucket actions sent to Envoys by kind (assign, abandon)."}, []string{"kind"})
 	s.mMsgs = prometheus.NewCounter(prometheus.CounterOpts{Name: "quotient_rlqs_messages_sent_total", Help: "RLQS response messages sent to Envoys."})
+	s.mOvfKeys = prometheus.NewCounter(prometheus.CounterOpts{Name: "quotient_rlqs_usage_overflow_keys_total", Help: "Bucket usage keys (policy, subject) whose usage was dropped because the server already held its bound of usage keys, each counted once per epoch."})
+	s.mOvfReqs = prometheus.NewCounter(prometheus.CounterOpts{Name: "quotient_rlqs_usage_overflow_requests_total", Help: "Reported requests (allowed + denied) whose usage was dropped at the server's bound of usage keys."})
 	if c.Metrics != nil {
-		for _, m := range []prometheus.Collector{s.mStreams, s.mReports, s.mActions, s.mMsgs} {
+		for _, m := range []prometheus.Collector{s.mStreams, s.mReports, s.mActions, s.mMsgs, s.mOvfKeys, s.mOvfReqs} {
 			if err := c.Metrics.Register(m); err != nil {
 				return nil, fmt.Errorf("quota: metrics: %w", err)
 			}
@@ -618,8 +640,49 @@ func (s *Server) epochOf(now time.Time) int64 {
 	return q
 }
 
-// maxUsageKeys bounds the usage held in memory between flushes.
-const maxUsageKeys = 100_000
+// defaultUsageMaxKeys is ServerConfig.UsageMaxKeys's default. Usage of a
+// key beyond the bound is dropped, counted (quotient_rlqs_usage_overflow_*)
+// and marked for its epoch (limiter.UsageOverflow, written before the
+// counts when Usage is a limiter.UsageOverflowSink), so the coordinator
+// collects that epoch as incomplete and holds the shares instead of
+// shrinking the keys it cannot see, as for a gateway's UsageMaxKeys.
+const defaultUsageMaxKeys = 100_000
+
+// maxOverflowSeen bounds the keys remembered per epoch so that a dropped
+// key counts once in the marker; beyond, a key dropped again counts again.
+const maxOverflowSeen = 1 << 14
+
+// noteOverflow records that k's usage (d attempts) was dropped. Called
+// with usageMu held.
+func (s *Server) noteOverflow(k usageKey, d int64) {
+	o := s.overflow[k.epoch]
+	if o == nil {
+		for e := range s.overflow {
+			if e < k.epoch-2 {
+				delete(s.overflow, e)
+			}
+		}
+		o = &limiter.UsageOverflow{Epoch: k.epoch}
+		s.overflow[k.epoch] = o
+	}
+	o.Requests += d
+	s.mOvfReqs.Add(float64(d))
+	if _, seen := s.overflowSeen[k]; seen {
+		return
+	}
+	if len(s.overflowSeen) >= maxOverflowSeen {
+		for sk := range s.overflowSeen {
+			if sk.epoch < k.epoch {
+				delete(s.overflowSeen, sk)
+			}
+		}
+	}
+	if len(s.overflowSeen) < maxOverflowSeen {
+		s.overflowSeen[k] = struct{}{}
+	}
+	o.Keys++
+	s.mOvfKeys.Inc()
+}
 
 func (s *Server) addUsage(now time.Time, items []item) {
 	if s.cfg.Usage == nil {
@@ -639,7 +702,8 @@ func (s *Server) addUsage(now time.Time, items []item) {
 		}
 		k := usageKey{epoch, it.info.policyID, it.info.subject}
 		c, ok := s.usage[k]
-		if !ok && len(s.usage) >= maxUsageKeys {
+		if !ok && len(s.usage) >= s.cfg.UsageMaxKeys {
+			s.noteOverflow(k, d)
 			continue
 		}
 		if !ok {
@@ -664,20 +728,59 @@ func (s *Server) FlushUsage(ctx context.Context, now time.Time) error {
 		counts = append(counts, c)
 	}
 	clear(s.usage)
+	var ovf []limiter.UsageOverflow
+	for e, o := range s.overflow {
+		if o.Keys > 0 || o.Requests > 0 {
+			ovf = append(ovf, *o)
+			s.overflow[e] = &limiter.UsageOverflow{Epoch: e}
+		}
+	}
 	s.usageMu.Unlock()
-	if len(counts) == 0 {
+	if len(counts) == 0 && len(ovf) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 	defer cancel()
-	failed, err := s.cfg.Usage.WriteUsage(ctx, counts)
+	oldest := s.epochOf(now) - 2
+	// The markers first: a coordinator that reads an epoch's counts after
+	// this flush also sees that the epoch is incomplete.
+	var ovfErr error
+	if os, ok := s.cfg.Usage.(limiter.UsageOverflowSink); ok && len(ovf) > 0 {
+		if ovfErr = os.WriteUsageOverflow(ctx, ovf); ovfErr != nil {
+			s.usageMu.Lock()
+			for _, o := range ovf {
+				if o.Epoch < oldest {
+					continue
+				}
+				cur := s.overflow[o.Epoch]
+				if cur == nil {
+					cur = &limiter.UsageOverflow{Epoch: o.Epoch}
+					s.overflow[o.Epoch] = cur
+				}
+				cur.Keys += o.Keys
+				cur.Requests += o.Requests
+			}
+			s.usageMu.Unlock()
+		}
+	}
+	var failed []limiter.UsageCount
+	var err error
+	if len(counts) > 0 {
+		failed, err = s.cfg.Usage.WriteUsage(ctx, counts)
+	}
+	if err == nil {
+		err = ovfErr
+	}
 	if len(failed) > 0 {
-		oldest := s.epochOf(now) - 2
 		s.usageMu.Lock()
 		for _, c := range failed {
 			k := usageKey{c.Epoch, c.PolicyID, c.Subject}
 			old, ok := s.usage[k]
-			if c.Epoch < oldest || (!ok && len(s.usage) >= maxUsageKeys) {
+			if c.Epoch < oldest {
+				continue
+			}
+			if !ok && len(s.usage) >= s.cfg.UsageMaxKeys {
+				s.noteOverflow(k, c.Demand)
 				continue
 			}
 			old.Epoch, old.PolicyID, old.Subject = c.Epoch, c.PolicyID, c.Subject

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -24,6 +25,8 @@ import (
 
 	"github.com/quotientlabs/quotient/internal/redistest"
 	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rebalancer"
+	"github.com/quotientlabs/quotient/rebalancer/redisio"
 	"github.com/quotientlabs/quotient/rls"
 )
 
@@ -73,12 +76,19 @@ func startQuota(t *testing.T) *harness { return startQuotaWarm(t, true) }
 
 func startQuotaWarm(t *testing.T, skipWarmUp bool) *harness {
 	t.Helper()
+	return startQuotaWith(t, skipWarmUp, nil)
+}
+
+// startQuotaWith is startQuotaWarm with the ServerConfig changed by mut
+// (if not nil) before NewServer.
+func startQuotaWith(t *testing.T, skipWarmUp bool, mut func(*ServerConfig)) *harness {
+	t.Helper()
 	rc := redistest.StartServer(t).Client()
 	cfg, err := rls.Parse([]rls.File{{Name: "edge.yaml", Data: []byte(testConfig)}}, rls.ParseOptions{})
 	require.NoError(t, err)
 	clock := &fakeClock{now: time.Now().Truncate(10 * time.Second)}
 	qcfg := DefaultConfig()
-	srv, err := NewServer(ServerConfig{
+	sc := ServerConfig{
 		Config:     func() *rls.Config { return cfg },
 		Shares:     &RedisShares{Client: rc},
 		Usage:      limiter.NewRedisUsageSink(rc, limiter.DefaultUsageShards, 10*time.Second, 3),
@@ -87,7 +97,11 @@ func startQuotaWarm(t *testing.T, skipWarmUp bool) *harness {
 		Quota:      qcfg,
 		Clock:      clock,
 		SkipWarmUp: skipWarmUp,
-	})
+	}
+	if mut != nil {
+		mut(&sc)
+	}
+	srv, err := NewServer(sc)
 	require.NoError(t, err)
 	gs := grpc.NewServer()
 	rlqsv3.RegisterRateLimitQuotaServiceServer(gs, srv)
@@ -381,6 +395,44 @@ func TestUsageReachesTheRegionsUsage(t *testing.T) {
 	bk := mustBucket(t, h.cfg, apiBucket)
 	require.Len(t, got, 1)
 	assert.Equal(t, limiter.UsageCount{Epoch: epoch, PolicyID: bk.Rule.Policy().ID, Subject: bk.Subject, Demand: 47, Admitted: 42}, got[0])
+}
+
+// TestUsageOverflowMarksTheEpoch: usage dropped at UsageMaxKeys is
+// counted and marks its epoch incomplete in the region's Redis, so the
+// coordinator's usage source (redisio.Source) reports the epoch as
+// incomplete and holds the shares instead of shrinking the dropped key's.
+func TestUsageOverflowMarksTheEpoch(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := startQuotaWith(t, true, func(c *ServerConfig) { c.UsageMaxKeys = 1; c.Metrics = reg })
+	a := h.envoy(t, "a", nil)
+	a.report(t, "edge", usage(apiBucket, 30, 5, time.Second), usage(map[string]string{"tenant": "t1", "route": "r"}, 7, 1, time.Second))
+	waitFor(t, "assignments", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.actions) >= 2
+	})
+	h.srv.Tick(context.Background(), h.clock.Now())
+	epoch := h.srv.epochOf(h.clock.Now())
+	got, err := limiter.CollectUsage(context.Background(), h.rc, epoch, limiter.DefaultUsageShards)
+	require.NoError(t, err)
+	require.Len(t, got, 1, "one key fits the bound")
+	dropped := 43 - got[0].Demand
+	require.Contains(t, []int64{8, 35}, dropped, "the other key's attempts were dropped: %+v", got[0])
+
+	_, err = redisio.NewSource(h.rc, limiter.DefaultUsageShards).Usage(context.Background(), epoch)
+	require.ErrorIs(t, err, rebalancer.ErrUsageIncomplete, "the epoch is marked incomplete")
+	assert.Contains(t, err.Error(), fmt.Sprintf("usage of 1 keys (%d requests)", dropped))
+
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	vals := map[string]float64{}
+	for _, mf := range mfs {
+		if len(mf.GetMetric()) > 0 {
+			vals[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	assert.Equal(t, 1.0, vals["quotient_rlqs_usage_overflow_keys_total"])
+	assert.Equal(t, float64(dropped), vals["quotient_rlqs_usage_overflow_requests_total"])
 }
 
 // TestIdleBucketAbandoned: a bucket that reports no request for
