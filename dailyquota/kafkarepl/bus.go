@@ -203,6 +203,10 @@ func (b *Bus) Publish(ctx context.Context, counts []dailyquota.Count) error {
 // whose offset retention removed restarts at its first offset. It returns
 // ctx.Err() when ctx ends, or the first reading error (after stopping every
 // reader); the caller may call Run again, which replays the topics.
+// Fetches are held at the broker kafkautil.DefaultFetchWait (5 s), so a
+// count reaches Run about one round trip after it is published, from a
+// broker up to 1 s away (with the former 500 ms wait, none arrived from a
+// broker more than ~125 ms away), and stopping does not wait for them.
 func (b *Bus) Run(ctx context.Context, deliver func(dailyquota.Count)) error {
 	if deliver == nil {
 		return fmt.Errorf("%w: deliver is nil", ErrConfig)

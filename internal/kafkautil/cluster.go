@@ -215,35 +215,90 @@ func (c *Cluster) OffsetsAt(ctx context.Context, topic string, partitions []int,
 	return out, nil
 }
 
-// ReaderConfig tunes NewPartitionReader.
+// Fetch waits of partition readers (ReaderConfig.MaxWait).
+const (
+	// DefaultFetchWait is the default ReaderConfig.MaxWait: long enough that
+	// the broker always holds a fetch to answer the moment a record lands,
+	// and that a broker up to 1 s away answers inside kafka-go's deadline.
+	DefaultFetchWait = 5 * time.Second
+	// MinFetchWait is the shortest ReaderConfig.MaxWait accepted: kafka-go
+	// keeps min(1 s, MaxWait/4) of it for the round trip, and below 2 s
+	// that margin shrinks under 500 ms (125 ms at the former 500 ms wait,
+	// 25 ms at 100 ms), so a broker farther away than it never answers an
+	// idle fetch in time.
+	MinFetchWait = 2 * time.Second
+)
+
+// ReaderConfig tunes NewPartitionReader and the readers of ConsumeTopics.
 type ReaderConfig struct {
 	// MaxBytes is the most one fetch may return, bytes; it must exceed the
 	// largest record batch on the topic. Default 4 MiB.
 	MaxBytes int
 	// MaxWait bounds how long the broker holds a fetch open waiting for new
-	// records. Default 500 ms. kafka-go also makes it the reader's deadline
-	// for the whole fetch and asks the broker to hold it MaxWait minus
-	// min(1 s, MaxWait/4), so a round trip to the broker longer than that
-	// difference turns every fetch that finds nothing into a timeout and a
-	// reconnection (at the default, a round trip above 125 ms).
+	// records. Default DefaultFetchWait (5 s); at least MinFetchWait (2 s),
+	// a shorter (or negative) wait is an error wrapping ErrConfig. kafka-go
+	// also makes it the reader's deadline for the whole fetch and asks the
+	// broker to hold it MaxWait minus min(1 s, MaxWait/4), so a round trip
+	// to the broker longer than that difference (1 s from MaxWait 4 s on)
+	// turns every fetch that finds nothing into a timeout and a
+	// reconnection, and the reader reads nothing. A reader does not wait
+	// for an idle fetch to end when it is closed (see PartitionReader).
 	MaxWait time.Duration
 }
 
-// NewPartitionReader returns a kafka-go Reader of one partition, starting at
-// offset (kafka.FirstOffset and kafka.LastOffset are allowed). No consumer
-// group, no commits. The caller owns the Reader and must Close it.
-func (c *Cluster) NewPartitionReader(topic string, partition int, offset int64, rc ReaderConfig) (*kafka.Reader, error) {
-	return c.newPartitionReader(topic, partition, offset, rc, c.dialer)
-}
-
-// newPartitionReader is NewPartitionReader with the reader's Dialer.
-func (c *Cluster) newPartitionReader(topic string, partition int, offset int64, rc ReaderConfig, dialer *kafka.Dialer) (*kafka.Reader, error) {
-	if rc.MaxBytes <= 0 {
+// check fills defaults and rejects bad values, naming the field.
+func (rc *ReaderConfig) check() error {
+	if rc.MaxBytes < 0 {
+		return fmt.Errorf("%w: reader max bytes %d: must not be negative", ErrConfig, rc.MaxBytes)
+	}
+	if rc.MaxBytes == 0 {
 		rc.MaxBytes = 4 << 20
 	}
-	if rc.MaxWait <= 0 {
-		rc.MaxWait = 500 * time.Millisecond
+	if rc.MaxWait == 0 {
+		rc.MaxWait = DefaultFetchWait
 	}
+	if rc.MaxWait < MinFetchWait {
+		return fmt.Errorf("%w: reader fetch wait (max wait) %v: want at least %v (kafka-go keeps min(1 s, wait/4) of it for the round trip to the broker)", ErrConfig, rc.MaxWait, MinFetchWait)
+	}
+	return nil
+}
+
+// PartitionReader is a kafka-go Reader of one partition whose Close does
+// not wait for a fetch the broker holds open: it closes the reader's
+// connections first (kafka.Reader.Close alone waits for the fetch in
+// flight, up to ReaderConfig.MaxWait). Every method of kafka.Reader is
+// available; the same goroutine-safety rules apply.
+type PartitionReader struct {
+	*kafka.Reader
+	conns *readerConns
+}
+
+// Close closes the reader's connections, then the reader; it returns
+// kafka.Reader.Close's error. A ReadMessage in progress fails.
+func (r *PartitionReader) Close() error {
+	r.conns.closeAll()
+	return r.Reader.Close()
+}
+
+// NewPartitionReader returns a reader of one partition, starting at offset
+// (kafka.FirstOffset and kafka.LastOffset are allowed). No consumer group,
+// no commits. A bad rc is an error wrapping ErrConfig. The caller owns the
+// reader and must Close it; Close returns promptly (see PartitionReader).
+func (c *Cluster) NewPartitionReader(topic string, partition int, offset int64, rc ReaderConfig) (*PartitionReader, error) {
+	if err := rc.check(); err != nil {
+		return nil, err
+	}
+	conns := &readerConns{}
+	r, err := c.newPartitionReader(topic, partition, offset, rc, conns.dialer(c.dialer))
+	if err != nil {
+		return nil, err
+	}
+	return &PartitionReader{Reader: r, conns: conns}, nil
+}
+
+// newPartitionReader is NewPartitionReader with the reader's Dialer and a
+// checked rc.
+func (c *Cluster) newPartitionReader(topic string, partition int, offset int64, rc ReaderConfig, dialer *kafka.Dialer) (*kafka.Reader, error) {
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:         c.Brokers(),
 		Topic:           topic,

@@ -27,7 +27,9 @@ type ConsumeConfig struct {
 	// Buffer is how many messages the readers may read ahead of handle, over
 	// all partitions. Default 64.
 	Buffer int
-	// Reader tunes every partition reader.
+	// Reader tunes every partition reader; its defaults and limits are
+	// ReaderConfig's (fetches held DefaultFetchWait, at least
+	// MinFetchWait).
 	Reader ReaderConfig
 	// StartOffsets returns the offset each given partition of topic starts
 	// at (kafka.FirstOffset and kafka.LastOffset are allowed), with an entry
@@ -91,7 +93,7 @@ func (cc *ConsumeConfig) validate() error {
 	if cc.StartOffsets == nil {
 		cc.StartOffsets = FirstOffsets
 	}
-	return nil
+	return cc.Reader.check()
 }
 
 // checkTopics rejects an empty or repeated topic name, wrapping errConfig.

@@ -16,7 +16,8 @@
 //     per-topic config (compacted or time-retained); "already exists" is
 //     success (EnsureTopics).
 //   - Partition discovery and start offsets by timestamp (Partitions,
-//     OffsetsAt), and single-partition readers (NewPartitionReader).
+//     OffsetsAt), and single-partition readers (NewPartitionReader) whose
+//     Close does not wait for the fetch the broker holds.
 //   - A bounded retry for UnknownTopicOrPartition (RetryUnknownTopic).
 //   - The consumer loop of a bus (ConsumeTopics): every partition of a list
 //     of topics, one reader goroutine per partition, start offsets chosen
@@ -53,5 +54,12 @@
 // (RequiredAcks = all) and never creates topics implicitly
 // (AllowAutoTopicCreation = false); topic creation is explicit.
 // ConsumeTopics calls its handler from the caller's goroutine only, and
-// never returns while a goroutine it started still runs.
+// never returns while a goroutine it started still runs. Every reader built
+// here (NewPartitionReader, ConsumeTopics) long-polls: its fetch is held at
+// the broker up to ReaderConfig.MaxWait, default DefaultFetchWait (5 s),
+// never below MinFetchWait (2 s), because kafka-go makes that wait the
+// fetch's deadline and keeps only min(1 s, wait/4) for the round trip (at
+// the former 500 ms default no record came from a broker more than ~125 ms
+// away); and no reader's Close or stop waits for that held fetch (its
+// connections are closed first).
 package kafkautil

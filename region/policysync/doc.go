@@ -14,7 +14,12 @@
 // version (the history) and drops only re-sends. Each coordinator replays
 // the whole topic at start (it is small: one record per version), so its
 // Catalog, history and audit log are complete; it is ready once it has read
-// up to the end offsets it found at start.
+// up to the end offsets it found at start (never by waiting for an empty
+// fetch). The Follower long-polls (fetches held 5 s at the broker), so a
+// change reaches every region one round trip to its broker after the
+// write, for brokers up to 1 s away; with the former 100 ms fetch wait a
+// broker more than ~25 ms away never answered an idle fetch in time and no
+// change arrived.
 //
 // The Materializer writes one snapshot (every policy in force and every
 // override not deleted) with its Catalog generation; a Lua script refuses a

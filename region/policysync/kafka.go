@@ -45,43 +45,66 @@ func Decode(b []byte) (admin.Record, error) {
 }
 
 // KafkaLog appends records to the topic with acks=all. It implements
-// admin.Log and is safe for concurrent use.
+// admin.Log and is safe for concurrent use. It never creates the topic
+// (EnsureTopics with TopicSpec, or Terraform, does).
 type KafkaLog struct {
-	w *kafka.Writer
+	p     *kafkautil.Producer
+	topic string
 }
 
 var _ admin.Log = (*KafkaLog)(nil)
 
 // NewKafkaLog returns a KafkaLog writing to topic (Topic in production) on
-// cl. The caller closes it.
+// cl. It does no I/O. The caller closes it.
 func NewKafkaLog(cl *kafkautil.Cluster, topic string) (*KafkaLog, error) {
 	wc := kafkautil.DefaultWriterConfig(topic)
 	wc.BatchTimeout = time.Millisecond
-	w, err := cl.NewWriter(wc)
+	p, err := cl.NewProducer(wc, nil)
 	if err != nil {
 		return nil, fmt.Errorf("policysync: %w", err)
 	}
-	return &KafkaLog{w: w}, nil
+	return &KafkaLog{p: p, topic: topic}, nil
+}
+
+// Prepare loads the topic's metadata and opens the connection to its
+// leader (kafkautil.Producer.Prepare), so that the next Append costs one
+// produce round trip instead of four (measured through a broker 400 ms
+// away) inside the admin API's write deadline; call it at start-up against
+// a far broker. Appends work without it. Calling it again keeps
+// the connection from idling out (kafka-go closes it after 30 s unused).
+// Safe for concurrent use; an error changes nothing for later calls.
+func (l *KafkaLog) Prepare(ctx context.Context) error {
+	if err := l.p.Prepare(ctx); err != nil {
+		return fmt.Errorf("policysync: prepare the log %q: %w", l.topic, err)
+	}
+	return nil
 }
 
 // Append implements admin.Log: it returns once every in-sync replica has
-// the record.
+// the record. A topic just created elsewhere and not yet in the metadata
+// is retried (kafkautil.DefaultBackoff) within ctx.
 func (l *KafkaLog) Append(ctx context.Context, r admin.Record) error {
 	b, err := Encode(r)
 	if err != nil {
 		return err
 	}
-	if err := l.w.WriteMessages(ctx, kafka.Message{Key: []byte(r.Key()), Value: b}); err != nil {
+	if err := l.p.Write(ctx, kafka.Message{Key: []byte(r.Key()), Value: b}); err != nil {
 		return fmt.Errorf("policysync: append %s: %w", r.Key(), err)
 	}
 	return nil
 }
 
-// Close flushes and closes the writer.
-func (l *KafkaLog) Close() error { return l.w.Close() }
+// Close flushes and closes the writer; Append fails (kafkautil.ErrClosed)
+// after.
+func (l *KafkaLog) Close() error { return l.p.Close() }
 
 // Follower reads the topic from its first offset into a Catalog and calls
-// OnChange after records changed it. Safe for concurrent use.
+// OnChange after records changed it. Its fetches are held at the broker
+// kafkautil.DefaultFetchWait (5 s), so a record appended reaches it about
+// one round trip later from a broker up to 1 s away; it tells that it has
+// caught up (Ready) by the end offsets taken when Run starts, never by an
+// empty fetch, and stopping does not wait for the fetch held. Safe for
+// concurrent use.
 type Follower struct {
 	cl       *kafkautil.Cluster
 	topic    string
@@ -156,7 +179,12 @@ func (f *Follower) Run(ctx context.Context) error {
 }
 
 func (f *Follower) readPartition(ctx context.Context, p int, end int64, pending *sync.WaitGroup) error {
-	r, err := f.cl.NewPartitionReader(f.topic, p, kafka.FirstOffset, kafkautil.ReaderConfig{MaxWait: 100 * time.Millisecond})
+	// Fetches are held kafkautil's default (5 s), so that a change costs one
+	// round trip to a broker up to 1 s away (a short wait makes kafka-go
+	// give up on every idle fetch from a far broker); catching up is told by
+	// the end offset taken at start, never by an empty fetch, and Close
+	// does not wait for the fetch in flight.
+	r, err := f.cl.NewPartitionReader(f.topic, p, kafka.FirstOffset, kafkautil.ReaderConfig{})
 	if err != nil {
 		return fmt.Errorf("policysync: %w", err)
 	}
