@@ -325,6 +325,7 @@ func (c *Coordinator) run(ctx context.Context) error {
 	if c.cfg.PolicyLog {
 		lwg.Go(func() { c.retry(lctx, "policy log follower", c.followPolicies) })
 		lwg.Go(func() { _ = c.mat.Run(lctx) })
+		lwg.Go(func() { c.keepPolicyLogWarm(lctx) })
 	}
 	lwg.Go(func() {
 		if c.member == nil {
@@ -562,4 +563,30 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// policyLogWarmEvery is how often keepPolicyLogWarm prepares the policy
+// log's producer: below kafka-go's 30 s idle close, as kafkabus's
+// WarmInterval.
+const policyLogWarmEvery = 10 * time.Second
+
+// keepPolicyLogWarm prepares the policy log's producer (topic, metadata,
+// leader connection) at start and every policyLogWarmEvery until ctx
+// ends, so that an admin write costs one produce round trip to the broker
+// inside its deadline instead of four (policysync.KafkaLog.Prepare). A
+// failure is logged at debug level and changes nothing: Append prepares
+// what it lacks itself.
+func (c *Coordinator) keepPolicyLogWarm(ctx context.Context) {
+	for {
+		pctx, cancel := context.WithTimeout(ctx, policyLogWarmEvery)
+		if err := c.plog.Prepare(pctx); err != nil && ctx.Err() == nil {
+			c.log.Debug("region: prepare the policy log's producer", "err", err)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(policyLogWarmEvery):
+		}
+	}
 }
