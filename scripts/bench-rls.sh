@@ -103,7 +103,7 @@ run_one() {
     label="$label/${variant%%=*}"
     read -r -a vflags <<< "${variant#*=}"
   fi
-  log="$dir/$label-$mode.log"
+  log="$dir/${label//\//-}-$mode.log"
   if [ "$name" = envoyproxy ]; then
     env -i PATH="$PATH" HOME="$HOME" \
       REDIS_URL="127.0.0.1:$redis_port" REDIS_SOCKET_TYPE=tcp \
