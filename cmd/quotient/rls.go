@@ -59,8 +59,9 @@ flags:`
 // defaultStreamWorkers is --grpc-stream-workers's default: above the
 // concurrent calls of a busy RLS (Envoys keep many streams in flight on
 // few connections), so that nearly every call runs on a goroutine whose
-// stack has already grown (a new goroutine per call spent about 9 % of
-// the process's CPU growing stacks under make bench-rls's load). An idle
+// stack has already grown (a new goroutine per call spent 5 to 9 % of
+// the process's CPU growing stacks under make bench-rls's load; the workers
+// took 3 to 6 % of its CPU per decision off). An idle
 // worker costs its stack (a few KiB). maxStreamWorkers bounds the flag.
 const (
 	defaultStreamWorkers = 256
@@ -71,9 +72,9 @@ const (
 // small (a few MB: the configuration, the deny cache, connection buffers)
 // and every call allocates its request, its response and gRPC's stream
 // state, so with Go's default of 100 it collects many times a second:
-// under make bench-rls's load, 400 took 22 to 25 % of the process's CPU per
-// decision off (41 to 48 µs down to 32 to 37 µs) for a heap of a few
-// times the live one.
+// under make bench-rls's load, 400 took 22 to 23 % of the process's CPU
+// per decision off (41.4 to 32.1 µs and 48.0 to 37.0 µs, two runs) for a
+// heap of up to five times the live one.
 const defaultGCPercent = 400
 
 // rlsConfig is the parsed command line of `quotient rls`.
