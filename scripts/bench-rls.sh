@@ -18,7 +18,9 @@
 # QUOTIENT_VARIANTS (more quotient rows, each with extra flags, at every
 # timeout: "label=FLAGS;label=FLAGS", e.g. the old defaults side by side
 # with the new: "old=--redis-pipeline 4 --grpc-stream-workers 0"; none by
-# default), BENCH_DIR (scratch and build cache, /tmp/quotient-bench-rls).
+# default), RATELIMIT_ENV (extra environment of envoyproxy/ratelimit, e.g.
+# "GOGC=400"; none by default), BENCH_DIR (scratch and build cache,
+# /tmp/quotient-bench-rls).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -29,6 +31,7 @@ warmup=${WARMUP:-2s}
 callers=${CALLERS:-64}
 keys=${KEYS:-10000}
 qtimeouts=${QUOTIENT_TIMEOUTS:-5ms 50ms}
+read -r -a rl_env <<< "${RATELIMIT_ENV:-}"
 variants=("") # "": quotient's defaults
 IFS=';' read -r -a extra <<< "${QUOTIENT_VARIANTS:-}"
 for v in "${extra[@]}"; do [ -n "$v" ] && variants+=("$v"); done
@@ -110,7 +113,7 @@ run_one() {
       RUNTIME_ROOT="$dir/runtime" RUNTIME_SUBDIRECTORY=. RUNTIME_WATCH_ROOT=false \
       USE_STATSD=false LOG_LEVEL=warn \
       GRPC_PORT="$port" PORT="$(free_port)" DEBUG_PORT="$(free_port)" \
-      HOST=127.0.0.1 GRPC_HOST=127.0.0.1 DEBUG_HOST=127.0.0.1 \
+      HOST=127.0.0.1 GRPC_HOST=127.0.0.1 DEBUG_HOST=127.0.0.1 "${rl_env[@]}" \
       "${pin[@]}" "$dir/ratelimit-$rl_version" > "$log" 2>&1 &
   else
     metrics_port=$(free_port)
