@@ -15,7 +15,12 @@
 # CALLERS (64), KEYS (10000), QUOTIENT_TIMEOUTS (quotient's --timeout
 # values, one run each: "5ms 50ms", the default and one long enough that
 # the store, not the fallback, decides on a loaded machine),
-# BENCH_DIR (scratch and build cache, /tmp/quotient-bench-rls).
+# QUOTIENT_VARIANTS (more quotient rows, each with extra flags, at every
+# timeout: "label=FLAGS;label=FLAGS", e.g. the old defaults side by side
+# with the new: "old=--redis-pipeline 4 --grpc-stream-workers 0"; none by
+# default), RATELIMIT_ENV (extra environment of envoyproxy/ratelimit, e.g.
+# "GOGC=400"; none by default), BENCH_DIR (scratch and build cache,
+# /tmp/quotient-bench-rls).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -26,6 +31,10 @@ warmup=${WARMUP:-2s}
 callers=${CALLERS:-64}
 keys=${KEYS:-10000}
 qtimeouts=${QUOTIENT_TIMEOUTS:-5ms 50ms}
+read -r -a rl_env <<< "${RATELIMIT_ENV:-}"
+variants=("") # "": quotient's defaults
+IFS=';' read -r -a extra <<< "${QUOTIENT_VARIANTS:-}"
+for v in "${extra[@]}"; do [ -n "$v" ] && variants+=("$v"); done
 mkdir -p "$dir"
 for tool in redis-server redis-cli taskset go; do
   command -v "$tool" >/dev/null || { echo "bench-rls: $tool is not installed" >&2; exit 1; }
@@ -83,35 +92,40 @@ wait_port() { # port, name, log
 }
 stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
-# run_one MODE NAME [TIMEOUT]: starts NAME's server (quotient with
-# --timeout TIMEOUT), loads it, stops it; prints the load's line. MODE
-# pinned puts the server and the load on CPU 1.
+# run_one MODE NAME [TIMEOUT [VARIANT]]: starts NAME's server (quotient
+# with --timeout TIMEOUT and the VARIANT's flags, "label=FLAGS"), loads
+# it, stops it; prints the load's line. MODE pinned puts the server and
+# the load on CPU 1.
 run_one() {
-  local mode=$1 name=$2 qtimeout=${3:-} pin=() port log pid label=$2
+  local mode=$1 name=$2 qtimeout=${3:-} variant=${4:-} pin=() port log pid label=$2 vflags=()
   [ "$mode" = pinned ] && pin=(taskset -c 1)
   redis-cli -p "$redis_port" flushall >/dev/null
   port=$(free_port)
   [ -n "$qtimeout" ] && label="quotient@$qtimeout"
-  log="$dir/$label-$mode.log"
+  if [ -n "$variant" ]; then
+    label="$label/${variant%%=*}"
+    read -r -a vflags <<< "${variant#*=}"
+  fi
+  log="$dir/${label//\//-}-$mode.log"
   if [ "$name" = envoyproxy ]; then
     env -i PATH="$PATH" HOME="$HOME" \
       REDIS_URL="127.0.0.1:$redis_port" REDIS_SOCKET_TYPE=tcp \
       RUNTIME_ROOT="$dir/runtime" RUNTIME_SUBDIRECTORY=. RUNTIME_WATCH_ROOT=false \
       USE_STATSD=false LOG_LEVEL=warn \
       GRPC_PORT="$port" PORT="$(free_port)" DEBUG_PORT="$(free_port)" \
-      HOST=127.0.0.1 GRPC_HOST=127.0.0.1 DEBUG_HOST=127.0.0.1 \
+      HOST=127.0.0.1 GRPC_HOST=127.0.0.1 DEBUG_HOST=127.0.0.1 "${rl_env[@]}" \
       "${pin[@]}" "$dir/ratelimit-$rl_version" > "$log" 2>&1 &
   else
     metrics_port=$(free_port)
     "${pin[@]}" "$dir/quotient" rls --listen "127.0.0.1:$port" --redis "127.0.0.1:$redis_port" \
       --config-dir "$dir/runtime" --timeout "$qtimeout" --metrics-listen "127.0.0.1:$metrics_port" \
-      --event-sample 0 > "$log" 2>&1 &
+      --event-sample 0 "${vflags[@]}" > "$log" 2>&1 &
   fi
   pid=$!
   pids+=("$pid")
   wait_port "$port" "$name" "$log"
   "${pin[@]}" "$dir/load" --addr "127.0.0.1:$port" --name "$label" --callers "$callers" --keys "$keys" \
-    --warmup "$warmup" --duration "$duration"
+    --warmup "$warmup" --duration "$duration" --server-pid "$pid" --redis "127.0.0.1:$redis_port"
   if [ "$name" = quotient ]; then
     curl -s "http://127.0.0.1:$metrics_port/metrics" | awk '
       /^quotient_limiter_decisions_total\{/ { total += $NF; if ($0 ~ /source="store"/) store += $NF }
@@ -135,9 +149,11 @@ for mode in pinned unpinned; do
   echo "$line"
   results+=("$mode $line")
   for t in $qtimeouts; do
-    line=$(run_one "$mode" quotient "$t" | tr -d '\n')
-    echo "$line"
-    results+=("$mode $line")
+    for v in "${variants[@]}"; do
+      line=$(run_one "$mode" quotient "$t" "$v" | tr -d '\n')
+      echo "$line"
+      results+=("$mode $line")
+    done
   done
   stop_pid "$rpid"
 done
@@ -151,12 +167,24 @@ for r in "${results[@]}"; do
     /decisions\/s=/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
       printf "| %s | %s | %s | %s | %s | %s |\n", mode, $2, v["decisions/s"], v["p50_ms"], v["p99_ms"], ("store_frac" in v) ? v["store_frac"] : "all" }'
 done
+echo
+echo "bench-rls: CPU per decision (µs; server, load, redis-server) and Redis commands per decision (calls, µs)"
+for r in "${results[@]}"; do
+  mode=${r%% *}
+  printf '%s\n' "$r" | awk -v mode="$mode" '
+    /decisions\/s=/ { out = ""; for (i = 1; i <= NF; i++) if ($i ~ /_cpu_us=|^redis_[a-z|]+=/) out = out " " $i
+      printf "%s %s:%s\n", mode, $2, out }'
+done
 for mode in pinned unpinned; do
   for t in $qtimeouts; do
+  for v in "${variants[@]}"; do
+  q_label="quotient@$t"
+  [ -n "$v" ] && q_label="$q_label/${v%%=*}"
   e=$(printf '%s\n' "${results[@]}" | grep "^$mode envoyproxy " | head -1)
-  q=$(printf '%s\n' "${results[@]}" | grep "^$mode quotient@$t " | head -1)
-  awk -v mode="$mode quotient@$t" -v e="$e" -v q="$q" 'function get(s, k,   n, i, a, kv) { n = split(s, a, " "); for (i = 1; i <= n; i++) { split(a[i], kv, "="); if (kv[1] == k) return kv[2] } }
+  q=$(printf '%s\n' "${results[@]}" | grep -F "$mode $q_label " | head -1)
+  awk -v mode="$mode $q_label" -v e="$e" -v q="$q" 'function get(s, k,   n, i, a, kv) { n = split(s, a, " "); for (i = 1; i <= n; i++) { split(a[i], kv, "="); if (kv[1] == k) return kv[2] } }
     BEGIN { printf "%s: quotient/envoyproxy decisions/s %.2f x (target >= 3), p99 %.2f x (target <= 0.33), p50 %.2f x\n", mode,
       get(q, "decisions/s") / get(e, "decisions/s"), get(q, "p99_ms") / get(e, "p99_ms"), get(q, "p50_ms") / get(e, "p50_ms") }'
+  done
   done
 done

@@ -139,6 +139,8 @@ func TestRLSFlags(t *testing.T) {
 		{[]string{"--config-dir", "/x", "--redis", "a", "--max-delay", "-1s"}, "--max-delay must be >= 0"},
 		{[]string{"--config-dir", "/x", "--redis", "a", "--region", "a b"}, `--region "a b"`},
 		{[]string{"--config-dir", "/x", "--redis", "a", "extra"}, `unexpected argument "extra"`},
+		{[]string{"--config-dir", "/x", "--redis", "a", "--grpc-stream-workers", "-1"}, "--grpc-stream-workers must be between 0 and 65536, got -1"},
+		{[]string{"--config-dir", "/x", "--redis", "a", "--gc-percent", "-2"}, "--gc-percent must be -1 (off) or >= 0, got -2"},
 	}
 	for _, tc := range cases {
 		stderr := &syncBuffer{}
@@ -153,6 +155,30 @@ func TestRLSFlags(t *testing.T) {
 	env := environment{stdout: &syncBuffer{}, stderr: stderr, lookupEnv: func(string) (string, bool) { return "", false }}
 	assert.Equal(t, 1, run(context.Background(), env, []string{"rls", "--listen", "127.0.0.1:0", "--redis", "127.0.0.1:1", "--config-dir", root}))
 	assert.Contains(t, stderr.String(), "bad.yaml: limits: unknown field")
+}
+
+// TestRLSGCPercentPrecedence: --gc-percent (or QUOTIENT_GC_PERCENT) sets
+// the collector's target; without it, GOGC in the environment is left in
+// force, and without either, the default applies.
+func TestRLSGCPercentPrecedence(t *testing.T) {
+	parse := func(vars map[string]string, args ...string) *rlsConfig {
+		t.Helper()
+		env := environment{stdout: &syncBuffer{}, stderr: &syncBuffer{}, lookupEnv: func(k string) (string, bool) { v, ok := vars[k]; return v, ok }}
+		c, err := parseRLSFlags(env, append([]string{"--config-dir", "/x", "--redis", "a"}, args...))
+		require.NoError(t, err)
+		return c
+	}
+	c := parse(nil)
+	assert.Equal(t, defaultGCPercent, c.gcPercent)
+	assert.False(t, c.gcExplicit)
+	c = parse(nil, "--gc-percent", "100")
+	assert.Equal(t, 100, c.gcPercent)
+	assert.True(t, c.gcExplicit)
+	c = parse(map[string]string{"QUOTIENT_GC_PERCENT": "-1"})
+	assert.Equal(t, -1, c.gcPercent)
+	assert.True(t, c.gcExplicit, "the environment variable of the flag counts as given")
+	c = parse(map[string]string{"GOGC": "50"})
+	assert.False(t, c.gcExplicit, "GOGC alone: the flag's default does not override it")
 }
 
 // TestRLSFollowsRedisPolicies: with --policy-source redis, the policies

@@ -88,15 +88,24 @@ func (r *redisSecurity) blame(err error) string {
 	return blameFile(err, map[string]string{r.ca: "--redis-tls-ca", r.cert: "--redis-tls-cert", r.key: "--redis-tls-key"}, "--redis-tls-cert/--redis-tls-key")
 }
 
-// blameFile returns the flag whose file the error names, or fallback.
+// blameFile returns the flag whose file the error names, or fallback when
+// it names none or several (a certificate that does not match its key
+// names both files; the map's order must not pick one).
 func blameFile(err error, files map[string]string, fallback string) string {
 	msg := err.Error()
+	blamed := ""
 	for file, name := range files {
 		if file != "" && strings.Contains(msg, file) {
-			return name
+			if blamed != "" && blamed != name {
+				return fallback
+			}
+			blamed = name
 		}
 	}
-	return fallback
+	if blamed == "" {
+		return fallback
+	}
+	return blamed
 }
 
 // checkRedis connects once to Redis with o (bounded by
@@ -258,12 +267,17 @@ func checkKafka(ctx context.Context, brokers []string, tlsCfg *tls.Config, mech 
 	return nil
 }
 
-// listenSecurity are the TLS flags of the coordinator's HTTP listener (and
-// of the gRPC listeners to come).
+// listenSecurity are the TLS flags of the coordinator's HTTP listener and
+// of quotient rls's gRPC and metrics listeners.
 type listenSecurity struct {
 	cert, key, clientCA string
 	adminClientCert     bool
 	adminInsecure       bool
+	// requireClientCert makes the handshake fail without a client
+	// certificate verified by clientCA (quotient rls, whose every caller
+	// must present one); false: verified if given (the coordinator, whose
+	// handler decides per path). Set by the command, not a flag.
+	requireClientCert bool
 }
 
 func (l *listenSecurity) register(fs *flag.FlagSet) {
@@ -288,7 +302,7 @@ func (l *listenSecurity) reloader(log *slog.Logger, nextProtos ...string) (*tlsc
 	case l.adminClientCert && l.clientCA == "":
 		return nil, errors.New("--admin-client-cert needs --listen-tls-client-ca: the CAs the client certificates must chain to")
 	}
-	r, err := tlsconfig.NewReloader(tlsconfig.Server{CertFile: l.cert, KeyFile: l.key, ClientCAFile: l.clientCA}, func(err error) {
+	r, err := tlsconfig.NewReloader(tlsconfig.Server{CertFile: l.cert, KeyFile: l.key, ClientCAFile: l.clientCA, RequireClientCert: l.requireClientCert && l.clientCA != ""}, func(err error) {
 		log.Error("listener TLS: reload failed; serving the last good certificate", "err", err)
 	}, nextProtos...)
 	if err != nil {

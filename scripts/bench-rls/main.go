@@ -4,7 +4,11 @@
 // descriptors per request over a fixed key space, for a fixed time after a
 // warm-up. It prints one line: decisions/s (answered requests per second),
 // p50 and p99 latency as the callers saw it, and the answers by code. A
-// failed call is counted and printed, not retried.
+// failed call is counted and printed, not retried. Over the measured window
+// it also reports where the CPU went, in µs per decision: the server's
+// (--server-pid, from /proc), its own, and redis-server's (--redis, from
+// INFO cpu), and the commands Redis ran per decision with their µs (INFO
+// commandstats, scripts' inner commands included).
 package main
 
 import (
@@ -33,6 +37,8 @@ func main() {
 	warmup := flag.Duration("warmup", 2*time.Second, "load before measuring")
 	duration := flag.Duration("duration", 10*time.Second, "measured load")
 	timeout := flag.Duration("timeout", time.Second, "deadline of every call")
+	serverPID := flag.Int("server-pid", 0, "pid of the server under test, for its CPU per decision (0: not reported)")
+	redisAddr := flag.String("redis", "", "redis-server address, for its CPU and commands per decision (empty: not reported)")
 	flag.Parse()
 	if *addr == "" || *callers < 1 || *conns < 1 || *keys < 100 || *duration <= 0 {
 		fmt.Fprintln(os.Stderr, "bench-rls: want --addr, --callers >= 1, --conns >= 1, --keys >= 100, --duration > 0")
@@ -94,11 +100,13 @@ func main() {
 		})
 	}
 	time.Sleep(*warmup)
+	before := sample(*serverPID, *redisAddr)
 	measuring.Store(true)
 	start := time.Now()
 	time.Sleep(*duration)
 	measuring.Store(false)
 	elapsed := time.Since(start)
+	after := sample(*serverPID, *redisAddr)
 	close(stop)
 	wg.Wait()
 
@@ -109,8 +117,9 @@ func main() {
 		os.Exit(1)
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	fmt.Printf("%s decisions/s=%.0f p50_ms=%.2f p99_ms=%.2f ok=%d over_limit=%d failed=%d\n", *name,
-		float64(len(all))/elapsed.Seconds(), ms(all[len(all)/2]), ms(all[len(all)*99/100]), ok.Load(), over.Load(), failed.Load())
+	fmt.Printf("%s decisions/s=%.0f p50_ms=%.2f p99_ms=%.2f ok=%d over_limit=%d failed=%d %s\n", *name,
+		float64(len(all))/elapsed.Seconds(), ms(all[len(all)/2]), ms(all[len(all)*99/100]), ok.Load(), over.Load(), failed.Load(),
+		after.per(before, float64(len(all))))
 	if e := firstErr.Load(); e != nil {
 		fmt.Fprintf(os.Stderr, "%s: first failure: %v\n", *name, e)
 	}

@@ -1,0 +1,63 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// BenchmarkScriptBatch measures what one script call costs Redis by the
+// number of requests it carries, for quotient rls's shape of request: two
+// fixed windows of two subjects (make bench-rls's "user" and "route"
+// descriptors), every request admitted, keys already present. It reports
+// Redis's own time (INFO commandstats: evalsha usec) per call and per
+// decision; the difference between batch sizes is the fixed cost of a
+// call (running the script's top level), the rest the per-request work
+// (its GET and SET of each window and the Lua around them).
+func BenchmarkScriptBatch(b *testing.B) {
+	client := benchClient(b)
+	rs := NewRedisStore(client)
+	ps, err := ParsePolicies([]byte(`[
+		{"id":"bench.user","algorithm":"fixed_window","limit":1000000000,"window_s":1},
+		{"id":"bench.route","algorithm":"fixed_window","limit":1000000000,"window_s":60}]`))
+	require.NoError(b, err)
+	l, err := New(Config{Store: rs}, ps)
+	require.NoError(b, err)
+	ctx := context.Background()
+	for _, n := range []int{1, 8, 32} {
+		b.Run(fmt.Sprintf("requests=%d", n), func(b *testing.B) {
+			args := make([]any, n)
+			var route string
+			for i := range n {
+				subj := []Subject{{Kind: SubjectDescriptor, Value: "bench/user=u" + strconv.Itoa(i)}, {Kind: SubjectDescriptor, Value: "bench/route=r" + strconv.Itoa(i)}}
+				var rk reqKeys
+				buf, err := rs.appendRequest(nil, l.Now(), subj, []op{l.opFor(ps[0], 1), l.opFor(ps[1], 1)}, false, &rk)
+				require.NoError(b, err)
+				args[i] = string(buf)
+				if i == 0 {
+					route = args[i].(string)[rk.route[0]:rk.route[1]]
+				}
+			}
+			// Load the script and create the keys outside the measurement.
+			require.NoError(b, evalScript.Run(ctx, client, []string{route}, args...).Err())
+			require.NoError(b, client.ConfigResetStat(ctx).Err())
+			b.ResetTimer()
+			for range b.N {
+				require.NoError(b, evalScript.EvalSha(ctx, client, []string{route}, args...).Err())
+			}
+			b.StopTimer()
+			info, err := client.Info(ctx, "commandstats").Result()
+			require.NoError(b, err)
+			m := regexp.MustCompile(`cmdstat_evalsha:calls=(\d+),usec=(\d+)`).FindStringSubmatch(info)
+			require.NotNil(b, m, info)
+			calls, _ := strconv.ParseFloat(m[1], 64)
+			usec, _ := strconv.ParseFloat(m[2], 64)
+			b.ReportMetric(usec/calls, "redis_µs/call")
+			b.ReportMetric(usec/calls/float64(n), "redis_µs/decision")
+		})
+	}
+}
