@@ -1,9 +1,9 @@
 // Package tlsconfig builds the TLS configurations and reads the credentials
 // that every Quotient binary uses for its connections: client TLS to Redis
 // and Kafka (a CA bundle, a server name, an optional client certificate),
-// server TLS for listeners (the coordinator's HTTP server today, the gRPC
-// servers of `quotient rls`) from certificate and key files that are
-// re-read when they change, and secrets (passwords, tokens) from a file or
+// server TLS for listeners (the coordinator's HTTP server, the gRPC and
+// metrics listeners of `quotient rls`) from certificate and key files that
+// are re-read when they change, and secrets (passwords, tokens) from a file or
 // an environment variable, never from a command-line value that `ps` shows.
 // It also names the setting to blame for a failed handshake or a refused
 // authentication (Diagnose), so a misconfiguration is one clear line at
