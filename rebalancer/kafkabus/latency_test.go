@@ -2,73 +2,14 @@ package kafkabus_test
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/quotientlabs/quotient/internal/kafkautil/slowkafka"
 )
-
-// advertised is a broker listener that reports another address (its
-// proxy's), so that kfake's metadata sends every client through the proxy.
-type advertised struct {
-	net.Listener
-	addr net.Addr
-}
-
-func (a advertised) Addr() net.Addr { return a.addr }
-
-// startSlowKafka starts a one-broker kfake cluster behind a toxiproxy that
-// delays every byte by oneWay in each direction, so one request/response
-// round trip to the broker costs 2*oneWay (one "RTT" below). The broker
-// advertises the proxy's address, so metadata cannot route around it.
-func startSlowKafka(tb testing.TB, oneWay time.Duration) []string {
-	tb.Helper()
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	var proxies []*toxiproxy.Proxy
-	listen := func(network, address string) (net.Listener, error) {
-		ln, err := net.Listen(network, address)
-		if err != nil {
-			return nil, err
-		}
-		p := toxiproxy.NewProxy(srv, fmt.Sprintf("broker-%d", len(proxies)), "127.0.0.1:0", ln.Addr().String())
-		if err := p.Start(); err != nil {
-			_ = ln.Close()
-			return nil, err
-		}
-		proxies = append(proxies, p)
-		for _, stream := range []string{"upstream", "downstream"} {
-			doc := fmt.Sprintf(`{"name":"latency_%s","type":"latency","stream":%q,"toxicity":1,"attributes":{"latency":%d}}`,
-				stream, stream, oneWay.Milliseconds())
-			if _, err := p.Toxics.AddToxicJson(strings.NewReader(doc)); err != nil {
-				_ = ln.Close()
-				return nil, err
-			}
-		}
-		pa, err := net.ResolveTCPAddr("tcp", p.Listen)
-		if err != nil {
-			_ = ln.Close()
-			return nil, err
-		}
-		return advertised{Listener: ln, addr: pa}, nil
-	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.ListenFn(listen))
-	require.NoError(tb, err)
-	tb.Cleanup(func() {
-		for _, p := range proxies {
-			p.Stop()
-		}
-		c.Close()
-	})
-	return c.ListenAddrs()
-}
 
 // TestReportDeliveryRoundTrips measures the real path of a report through a
 // broker one round trip (RTT = 2 x the injected one-way delay) away, and
@@ -94,7 +35,7 @@ func startSlowKafka(tb testing.TB, oneWay time.Duration) []string {
 func TestReportDeliveryRoundTrips(t *testing.T) {
 	const oneWay = 250 * time.Millisecond
 	const rtt = 2 * oneWay
-	brokers := startSlowKafka(t, oneWay)
+	brokers := slowkafka.Start(t, oneWay)
 	inRTT := func(d time.Duration) float64 { return float64(d) / float64(rtt) }
 
 	pub := newBus(t, brokers, nil)
