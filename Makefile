@@ -45,7 +45,7 @@ e2e: deps
 ## e2e-faults: the resilience rows at full length through the binaries (each
 ## region on its own network namespace; needs root, ip, nft): a region and the
 ## broker cut off for QUOTIENT_E2E_FAULT_FOR each (default 10m), redis-server
-## and the coordinator leader killed; about 12 minutes, the tests in parallel
+## killed, the coordinator leader killed, a gateway restarted; about 12 minutes, the tests in parallel
 e2e-faults: deps
 	./scripts/e2e-faults.sh
 

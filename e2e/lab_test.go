@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,6 +52,8 @@ type labRegion struct {
 	coordinator string // base URL
 	gateway     string // base URL
 	gatewayProc *proc
+	gatewayArgs []string // the gateway's command line after the binary, for restartGateway
+	gateways    int      // gateway processes started
 }
 
 // labDeployment is the deployment of TestBinariesRegionCutOff and the
@@ -59,6 +62,7 @@ type labRegion struct {
 type labDeployment struct {
 	t        *testing.T
 	dir      string
+	quotient string // the quotient binary
 	lab      *netlab.Lab
 	broker   *netlab.Host
 	regions  map[string]*labRegion
@@ -79,6 +83,7 @@ func deployLab(t *testing.T, policiesJSON, keysJSON string, gatewayArgs ...strin
 	}
 	d := &labDeployment{t: t, dir: t.TempDir(), regions: map[string]*labRegion{}}
 	quotient, devkafka := bin(t, "quotient"), bin(t, "devkafka")
+	d.quotient = quotient
 	d.lab = netlab.New(t) // atomic within the process: parallel labs never share a subnet
 	d.broker = d.lab.AddHost("broker")
 	broker := startCmd(t, d.dir, "devkafka", d.broker.Command(context.Background(), devkafka, "--listen", d.broker.Addr(9092)))
@@ -107,8 +112,8 @@ func deployLab(t *testing.T, policiesJSON, keysJSON string, gatewayArgs ...strin
 		args := append([]string{"gateway",
 			"--listen", h.Addr(8080), "--upstream", d.upstream, "--redis", h.Addr(labRedisPort), "--region", name, "--regions", strings.Join(regions, ","),
 			"--epoch", epoch.String(), "--usage-flush", usageFlush.String(), "--policies", policies, "--keys", keys}, gatewayArgs...)
-		r.gatewayProc = startCmd(t, d.dir, "gateway-"+name, h.Command(context.Background(), quotient, args...))
-		r.gatewayProc.waitLog(t, regexpFor("listening on "+h.Addr(8080)), 30*time.Second)
+		r.gatewayArgs = args
+		d.startGateway(r)
 		r.gateway = "http://" + h.Addr(8080)
 	}
 	for _, name := range regions {
@@ -116,6 +121,37 @@ func deployLab(t *testing.T, policiesJSON, keysJSON string, gatewayArgs ...strin
 		waitHTTP(t, d.regions[name].gateway+"/readyz", 30*time.Second, nil) // warm: no request is decided before
 	}
 	return d
+}
+
+// startGateway starts the region's gateway (again, after restartGateway)
+// with its flags and returns once it listens.
+func (d *labDeployment) startGateway(r *labRegion) {
+	d.t.Helper()
+	name := "gateway-" + r.name
+	if r.gateways > 0 {
+		name += fmt.Sprintf("-%d", r.gateways)
+	}
+	r.gateways++
+	r.gatewayProc = startCmd(d.t, d.dir, name, r.host.Command(context.Background(), d.quotient, r.gatewayArgs...))
+	r.gatewayProc.waitLog(d.t, regexpFor("listening on "+r.host.Addr(8080)), 30*time.Second)
+}
+
+// restartGateway ends the region's gateway with sig (SIGTERM: a rolling
+// deploy, which drains and flushes; SIGKILL: a crash, which loses the
+// usage not yet flushed), waits until it has exited (15 s at most) and
+// starts it again with the same flags (startGateway). Only the test's own
+// goroutine may call it.
+func (d *labDeployment) restartGateway(r *labRegion, sig syscall.Signal) {
+	d.t.Helper()
+	p := r.gatewayProc
+	// ip netns exec execs quotient, so the process is the gateway itself.
+	require.NoError(d.t, p.cmd.Process.Signal(sig))
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		d.t.Fatalf("%s did not exit within 15 s of %v", p.name, sig)
+	}
+	d.startGateway(r)
 }
 
 // startRedis starts (or, after killRedis, starts again, empty: no
