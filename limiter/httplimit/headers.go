@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dunglas/httpsfv"
@@ -50,10 +51,17 @@ func windowSeconds(p *limiter.Policy) int64 {
 }
 
 // policyItems caches the serialized RateLimit-Policy item of each policy
-// (policies are immutable).
+// (policies are immutable). Every policy reload and every override brings
+// new *Policy values, so the cache is emptied once it holds
+// maxPolicyItems of them: its memory stays bounded for the life of a
+// middleware, and an emptied entry costs one serialization again.
 type policyItems struct {
 	m sync.Map // *limiter.Policy -> string
+	n atomic.Int64
 }
+
+// maxPolicyItems bounds policyItems (about 100 B an entry).
+const maxPolicyItems = 4096
 
 func (c *policyItems) item(p *limiter.Policy) string {
 	if v, ok := c.m.Load(p); ok {
@@ -67,7 +75,10 @@ func (c *policyItems) item(p *limiter.Policy) string {
 		// Policy ids are [A-Za-z0-9._-]: a String always serializes.
 		panic("httplimit: cannot serialize policy " + strconv.Quote(p.ID) + ": " + err.Error())
 	}
-	c.m.Store(p, s)
+	if _, loaded := c.m.LoadOrStore(p, s); !loaded && c.n.Add(1) > maxPolicyItems {
+		c.m.Clear()
+		c.n.Store(0)
+	}
 	return s
 }
 
