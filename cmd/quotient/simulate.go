@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -66,6 +67,22 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 			return 2
 		}
 		seedOverride = &v
+	}
+	if !df.deployed && !lf.live {
+		var scaled []string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "time-scale" || f.Name == "rate-scale" {
+				scaled = append(scaled, "--"+f.Name)
+			}
+		})
+		if len(scaled) > 0 {
+			verb := "applies"
+			if len(scaled) > 1 {
+				verb = "apply"
+			}
+			fmt.Fprintf(env.stderr, "quotient simulate: %s %s to --live and --deployed only; virtual time runs the scenario as written\n", strings.Join(scaled, " and "), verb)
+			return 2
+		}
 	}
 	dcfg, err := df.config(fs, lf, *cold)
 	if err != nil {

@@ -28,6 +28,8 @@ func TestSimulateLiveBadFlags(t *testing.T) {
 		{[]string{"--live", "--kafka", "k:1", "--redis", "a=x:1", "--time-scale", "0"}, "--time-scale 0"},
 		{[]string{"--live", "--kafka", "k:1", "--redis", "a=x:1", "--rate-scale", "-1"}, "--rate-scale -1"},
 		{[]string{"--live", "--cold-start", "--kafka", "k:1", "--redis", "a=x:1"}, "--cold-start is for virtual time"},
+		{[]string{"--rate-scale", "5"}, "--rate-scale applies to --live and --deployed only"},
+		{[]string{"--time-scale", "5", "--rate-scale", "5"}, "--rate-scale and --time-scale apply to --live and --deployed only"},
 	} {
 		code, _, stderr := simulate(t, append(tc.args, file)...)
 		assert.Equal(t, 2, code, "%v", tc.args)
