@@ -54,9 +54,9 @@ func startInfra(t *testing.T, regions []string) live.Config {
 
 func TestLiveMatchesVirtual(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs two scenarios in scaled real time, about 75 s; not in -short")
+		t.Skip("runs scenarios in scaled real time, about 75 s; not in -short")
 	}
-	for _, name := range []string{"even-spread", "abrupt-shift"} {
+	for _, name := range liveScenarios {
 		t.Run(name, func(t *testing.T) {
 			sc, err := live.ScaleRates(loadScenario(t, name), rateScale)
 			require.NoError(t, err)
