@@ -16,7 +16,7 @@ export QUOTIENT_E2E_FAULT_FOR="${QUOTIENT_E2E_FAULT_FOR:-10m}"
 echo "e2e-faults: each fault lasts $QUOTIENT_E2E_FAULT_FOR"
 go test -count=1 -timeout 60m -parallel 4 -v -run 'TestBinaries(RegionCutOff|BrokerDown|RedisKilled|LeaderKilled|GatewayRestarted)$' ./e2e/ > out/e2e-faults.log 2>&1
 rc=$?
-grep -E '^(=== RUN|--- |\s+[a-z]+_test.go|ok|FAIL|PASS|panic)' out/e2e-faults.log
+grep -E '^(=== RUN|--- |\s+[a-z_]+_test.go|ok|FAIL|PASS|panic)' out/e2e-faults.log
 if [ $rc -ne 0 ]; then
   echo "e2e-faults: FAILED (exit $rc); the last lines of out/e2e-faults.log:"
   tail -n 300 out/e2e-faults.log

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 mkdir -p out
 go test -count=1 -timeout 20m -parallel 4 -v "${@:-./e2e/}" > out/e2e.log 2>&1
 rc=$?
-grep -E '^(=== RUN|--- |\s+[a-z]+_test.go|ok|FAIL|PASS|panic)' out/e2e.log
+grep -E '^(=== RUN|--- |\s+[a-z_]+_test.go|ok|FAIL|PASS|panic)' out/e2e.log
 if [ $rc -ne 0 ]; then
   echo "e2e: FAILED (exit $rc); the last lines of out/e2e.log:"
   tail -n 300 out/e2e.log
