@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -249,16 +247,7 @@ func TestBinariesRedisKilled(t *testing.T) {
 		require.NoError(t, err)
 		return c
 	}
-	readyz := func() string {
-		c := &http.Client{Timeout: time.Second}
-		resp, err := c.Get(us.gateway + "/readyz")
-		if err != nil {
-			return err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Sprintf("%d %s", resp.StatusCode, b)
-	}
+	readyz := us.readyz
 
 	t0 := time.Now().Add(200 * time.Millisecond)
 	sharesG := d.sampleShares(t0, "k", "g", rate)

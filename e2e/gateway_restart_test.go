@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"regexp"
 	"strings"
 	"sync"
@@ -44,16 +42,7 @@ func TestBinariesGatewayRestarted(t *testing.T) {
 		`{"k":{"tier":"pro"}}`, "--timeout", gatewayDeadline.String())
 	us := d.regions["us-east"]
 	fallback := regexp.MustCompile(`^quotient_limiter_decisions_total\{.*source="fallback"`)
-	readyz := func() string {
-		c := &http.Client{Timeout: time.Second}
-		resp, err := c.Get(us.gateway + "/readyz")
-		if err != nil {
-			return err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Sprintf("%d %s", resp.StatusCode, b)
-	}
+	readyz := us.readyz
 
 	t0 := time.Now().Add(200 * time.Millisecond)
 	shares := d.sampleShares(t0, "k", "g", rate)

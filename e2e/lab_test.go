@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -121,6 +122,19 @@ func deployLab(t *testing.T, policiesJSON, keysJSON string, gatewayArgs ...strin
 		waitHTTP(t, d.regions[name].gateway+"/readyz", 30*time.Second, nil) // warm: no request is decided before
 	}
 	return d
+}
+
+// readyz is the status and (the first 512 bytes of) the body of the
+// region's gateway's /readyz, or the error of the request (1 s timeout).
+func (r *labRegion) readyz() string {
+	c := &http.Client{Timeout: time.Second}
+	resp, err := c.Get(r.gateway + "/readyz")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	return fmt.Sprintf("%d %s", resp.StatusCode, b)
 }
 
 // startGateway starts the region's gateway (again, after restartGateway)
