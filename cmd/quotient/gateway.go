@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -40,6 +41,12 @@ reloaded when it changes (the last good version stays on bad input). With
 snapshot the region's coordinators materialise from the policy log (reloaded
 on notification and every --policy-interval); --policies is then optional,
 the set in force until the first snapshot.
+With --listen-tls-cert and --listen-tls-key, --listen (and --metrics-listen)
+is served over TLS only, the files re-read when they change;
+--listen-tls-client-ca makes every client present a certificate that chains
+to it (mutual TLS). An https:// upstream is verified against --upstream-tls-ca
+(default: the system's roots); --upstream-tls-cert presents a client
+certificate to it.
 /metrics serves Prometheus metrics; /readyz answers 503 until the Redis
 connections and scripts are warm on every node (or --warm-timeout passes:
 ready in fallback), /healthz 200 while the process runs. Every flag can also be set with
@@ -53,7 +60,14 @@ type gatewayConfig struct {
 	policyFlags                                    // --policies, --policy-source (limiterstack.go)
 	listen, upstream, keys, trusted, metricsListen string
 	reload, maxDelay, shutdown                     time.Duration
-	warm                                           warmFlags // warm start and readiness (gateway_ready.go)
+	warm                                           warmFlags        // warm start and readiness (gateway_ready.go)
+	listenSec                                      listenSecurity   // TLS of --listen and --metrics-listen (transport.go)
+	upstreamSec                                    upstreamSecurity // TLS to an https:// --upstream (transport.go)
+
+	// Built from the flags by runGateway (transport), before serving.
+	upstreamURL *url.URL
+	listenTLS   *tls.Config       // nil: plaintext listeners
+	upstreamRT  http.RoundTripper // nil: http.DefaultTransport
 }
 
 func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
@@ -75,6 +89,8 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 	fs.DurationVar(&c.maxDelay, "max-delay", 5*time.Second, "longest a shaped (leaky bucket) request is held")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 10*time.Second, "how long in-flight requests get on shutdown")
 	addWarmFlags(fs, &c.warm)
+	c.listenSec.registerRequired(fs, "--listen (and /metrics on --metrics-listen)")
+	c.upstreamSec.register(fs)
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return nil, err
 	}
@@ -109,6 +125,10 @@ func runGateway(ctx context.Context, env environment, args []string) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(env.stderr, nil))
+	if err := cfg.transport(log); err != nil {
+		fmt.Fprintf(env.stderr, "quotient gateway: %v\n", err)
+		return 2
+	}
 	if err := serveGateway(ctx, env, cfg, log); err != nil {
 		log.Error("quotient gateway: " + err.Error())
 		return 1
@@ -116,11 +136,29 @@ func runGateway(ctx context.Context, env environment, args []string) int {
 	return 0
 }
 
-func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log *slog.Logger) error {
-	upstream, err := url.Parse(cfg.upstream)
-	if err != nil || upstream.Scheme == "" || upstream.Host == "" {
-		return fmt.Errorf("--upstream %q: want an absolute URL like http://127.0.0.1:9000", cfg.upstream)
+// transport checks --upstream and builds the TLS of the listeners and of
+// the upstream from the flags; errors name the flag. Reload failures of
+// the listeners' files after start are logged on log.
+func (c *gatewayConfig) transport(log *slog.Logger) error {
+	u, err := url.Parse(c.upstream)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return fmt.Errorf("--upstream %q: want an absolute URL like http://127.0.0.1:9000", c.upstream)
 	}
+	c.upstreamURL = u
+	if c.upstreamRT, err = c.upstreamSec.transport(u); err != nil {
+		return err
+	}
+	// One reloader serves both listeners: the same files, HTTP/1.1.
+	r, err := c.listenSec.reloader(log)
+	if err != nil || r == nil {
+		return err
+	}
+	c.listenTLS = r.TLSConfig()
+	return nil
+}
+
+func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log *slog.Logger) error {
+	upstream := cfg.upstreamURL
 	proxies, err := limiter.ParseTrustedProxies(splitList(cfg.trusted))
 	if err != nil {
 		return fmt.Errorf("--trusted-proxies: %w", err)
@@ -158,8 +196,14 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 		},
+		Transport: cfg.upstreamRT,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			log.Warn("upstream error", "err", err)
+			// A TLS failure names the flag to fix (a plain upstream has none).
+			if name, why := cfg.upstreamSec.blame(err, true, "the https:// of --upstream"); name != "" && upstream.Scheme == "https" {
+				log.Warn("upstream error: "+name+": "+why, "err", err)
+			} else {
+				log.Warn("upstream error", "err", err)
+			}
 			httplimit.WriteProblem(w, &httplimit.Problem{Type: "about:blank", Title: "Bad Gateway", Status: http.StatusBadGateway, Detail: "The upstream service did not answer.", ViolatedPolicies: []string{}})
 		},
 	}
@@ -173,6 +217,9 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	mux.HandleFunc("/readyz", ready.readyz)
 	mux.HandleFunc("/healthz", healthz)
 	servers := []*http.Server{}
+	// The servers' own errors (refused TLS handshakes among them) go to
+	// the process's log.
+	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	var metricsLn net.Listener
 	if cfg.metricsListen == "" {
 		mux.Handle("/metrics", metricsHandler)
@@ -182,7 +229,7 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 		if metricsLn, err = net.Listen("tcp", cfg.metricsListen); err != nil {
 			return fmt.Errorf("--metrics-listen: %w", err)
 		}
-		servers = append(servers, &http.Server{Handler: mm, ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, &http.Server{Handler: mm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: errLog})
 	}
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
@@ -191,15 +238,22 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 		}
 		return fmt.Errorf("--listen: %w", err)
 	}
-	main := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
+	main := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
 	servers = append([]*http.Server{main}, servers...)
 	lns := []net.Listener{ln}
 	if metricsLn != nil {
 		lns = append(lns, metricsLn)
+	}
+	if cfg.listenTLS != nil {
+		for i := range lns {
+			lns[i] = tls.NewListener(lns[i], cfg.listenTLS)
+		}
+	}
+	if metricsLn != nil {
 		fmt.Fprintf(env.stdout, "quotient gateway: metrics on %s\n", metricsLn.Addr())
 	}
 	fmt.Fprintf(env.stdout, "quotient gateway: listening on %s\n", ln.Addr())
-	log.Info("gateway started", "listen", ln.Addr().String(), "upstream", upstream.String(), "policies", len(policies), "keys", len(keys))
+	log.Info("gateway started", "listen", ln.Addr().String(), "tls", cfg.listenTLS != nil, "client_certs", cfg.listenSec.clientCA != "", "upstream", upstream.String(), "policies", len(policies), "keys", len(keys))
 
 	errc := make(chan error, len(servers))
 	for i, s := range servers {

@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -38,12 +40,13 @@ const startupCheckTimeout = 10 * time.Second
 // redisSecurity are the TLS and AUTH flags of a Redis client, the same in
 // every command that talks to Redis.
 type redisSecurity struct {
-	tls                       bool
-	ca, serverName, cert, key string
-	user, passwordFile        string
+	tls bool
+	clientTLS
+	user, passwordFile string
 }
 
 func (r *redisSecurity) register(fs *flag.FlagSet) {
+	r.flag = "redis"
 	fs.BoolVar(&r.tls, "redis-tls", false, "speak TLS to Redis (implied by rediss:// addresses; ElastiCache with in-transit encryption needs it)")
 	fs.StringVar(&r.ca, "redis-tls-ca", "", "PEM bundle of the CAs Redis's certificate must chain to (default: the system's roots, which ElastiCache's chain to)")
 	fs.StringVar(&r.serverName, "redis-tls-server-name", "", "name Redis's certificate must carry (default: the host of each address)")
@@ -68,10 +71,10 @@ func (r *redisSecurity) options(list string, cluster bool, lookupEnv func(string
 		o.Username = user
 	}
 	if useTLS || r.tls {
-		if o.TLS, err = (tlsconfig.Client{CAFile: r.ca, ServerName: r.serverName, CertFile: r.cert, KeyFile: r.key}).Config(); err != nil {
-			return o, fmt.Errorf("%s: %w", r.blame(err), err)
+		if o.TLS, err = r.tlsConfig(); err != nil {
+			return o, err
 		}
-	} else if r.ca != "" || r.serverName != "" || r.cert != "" || r.key != "" {
+	} else if r.given() {
 		return o, errors.New("--redis-tls-ca, --redis-tls-server-name, --redis-tls-cert and --redis-tls-key need --redis-tls (or rediss:// addresses)")
 	}
 	if o.Password, err = (tlsconfig.Secret{File: r.passwordFile, Env: envRedisPassword}).Read(lookupEnv); err != nil {
@@ -83,9 +86,37 @@ func (r *redisSecurity) options(list string, cluster bool, lookupEnv func(string
 	return o, nil
 }
 
-// blame names the flag behind an error building the TLS configuration.
-func (r *redisSecurity) blame(err error) string {
-	return blameFile(err, map[string]string{r.ca: "--redis-tls-ca", r.cert: "--redis-tls-cert", r.key: "--redis-tls-key"}, "--redis-tls-cert/--redis-tls-key")
+// clientTLS are the TLS settings of one kind of client connection, the
+// flags --F-tls-ca, --F-tls-server-name, --F-tls-cert and --F-tls-key for
+// F = flag (redis, kafka, upstream). Each command registers them with its
+// own usage texts.
+type clientTLS struct {
+	flag                      string // the flags' prefix, set by register
+	ca, serverName, cert, key string
+}
+
+// given reports whether any of the settings is set.
+func (c *clientTLS) given() bool {
+	return c.ca != "" || c.serverName != "" || c.cert != "" || c.key != ""
+}
+
+// tlsConfig reads the files (once: a client certificate rotates with a
+// restart) and returns the client configuration; errors name the flag.
+func (c *clientTLS) tlsConfig() (*tls.Config, error) {
+	cfg, err := (tlsconfig.Client{CAFile: c.ca, ServerName: c.serverName, CertFile: c.cert, KeyFile: c.key}).Config()
+	if err != nil {
+		f := "--" + c.flag + "-tls-"
+		return nil, fmt.Errorf("%s: %w", blameFile(err, map[string]string{c.ca: f + "ca", c.cert: f + "cert", c.key: f + "key"}, f+"cert/"+f+"key"), err)
+	}
+	return cfg, nil
+}
+
+// blame names the setting a failed connection's error points at, and
+// why, or "" when it is not a TLS failure (see tlsBlame); useTLS says
+// whether the connection spoke TLS, tlsSetting what turns TLS on.
+func (c *clientTLS) blame(err error, useTLS bool, tlsSetting string) (string, string) {
+	f := "--" + c.flag + "-tls-"
+	return tlsBlame(err, useTLS, tlsSetting, f+"ca", f+"server-name", f+"cert/"+f+"key")
 }
 
 // blameFile returns the flag whose file the error names, or fallback when
@@ -129,7 +160,7 @@ func checkRedis(ctx context.Context, o redisconn.Options, r *redisSecurity, log 
 		}
 		return fmt.Errorf("%s: Redis refused AUTH as %s: %v", src, who, err)
 	}
-	if name, why := tlsBlame(err, o.TLS != nil, "--redis-tls", "--redis-tls-ca", "--redis-tls-server-name", "--redis-tls-cert/--redis-tls-key"); name != "" {
+	if name, why := r.blame(err, o.TLS != nil, "--redis-tls"); name != "" {
 		return fmt.Errorf("%s: Redis %v: %s: %v", name, o.Addrs, why, err)
 	}
 	log.Warn("Redis does not answer at start; continuing (not ready until it does)", "redis", o.Addrs, "err", err)
@@ -161,13 +192,14 @@ const mskIAM = "AWS_MSK_IAM"
 
 // kafkaSecurity are the TLS and SASL flags of the Kafka clients.
 type kafkaSecurity struct {
-	tls                       bool
-	ca, serverName, cert, key string
-	mechanism, user, pwFile   string
-	awsRegion                 string
+	tls bool
+	clientTLS
+	mechanism, user, pwFile string
+	awsRegion               string
 }
 
 func (k *kafkaSecurity) register(fs *flag.FlagSet) {
+	k.flag = "kafka"
 	fs.BoolVar(&k.tls, "kafka-tls", false, "speak TLS to the Kafka brokers (MSK's TLS listener, port 9094; SASL/SCRAM on MSK is port 9096)")
 	fs.StringVar(&k.ca, "kafka-tls-ca", "", "PEM bundle of the CAs the brokers' certificates must chain to (default: the system's roots, which MSK's chain to)")
 	fs.StringVar(&k.serverName, "kafka-tls-server-name", "", "name the brokers' certificates must carry (default: each broker's host)")
@@ -185,10 +217,10 @@ func (k *kafkaSecurity) config(lookupEnv func(string) (string, bool)) (*tls.Conf
 	var cfg *tls.Config
 	var err error
 	if k.tls {
-		if cfg, err = (tlsconfig.Client{CAFile: k.ca, ServerName: k.serverName, CertFile: k.cert, KeyFile: k.key}).Config(); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", blameFile(err, map[string]string{k.ca: "--kafka-tls-ca", k.cert: "--kafka-tls-cert", k.key: "--kafka-tls-key"}, "--kafka-tls-cert/--kafka-tls-key"), err)
+		if cfg, err = k.tlsConfig(); err != nil {
+			return nil, nil, err
 		}
-	} else if k.ca != "" || k.serverName != "" || k.cert != "" || k.key != "" {
+	} else if k.given() {
 		return nil, nil, errors.New("--kafka-tls-ca, --kafka-tls-server-name, --kafka-tls-cert and --kafka-tls-key need --kafka-tls")
 	}
 	if k.mechanism == "" {
@@ -260,15 +292,16 @@ func checkKafka(ctx context.Context, brokers []string, tlsCfg *tls.Config, mech 
 		}
 		return fmt.Errorf("--kafka-sasl-user %q / %s: Kafka refused SASL %s authentication: %v", k.user, src, mech.Name(), err)
 	}
-	if name, why := tlsBlame(err, tlsCfg != nil, "--kafka-tls", "--kafka-tls-ca", "--kafka-tls-server-name", "--kafka-tls-cert/--kafka-tls-key"); name != "" {
+	if name, why := k.blame(err, tlsCfg != nil, "--kafka-tls"); name != "" {
 		return fmt.Errorf("%s: Kafka %v: %s: %v", name, brokers, why, err)
 	}
 	log.Warn("Kafka does not answer at start; continuing (not ready until it does)", "kafka", brokers, "err", err)
 	return nil
 }
 
-// listenSecurity are the TLS flags of the coordinator's HTTP listener and
-// of quotient rls's gRPC and metrics listeners.
+// listenSecurity are the TLS flags of the coordinator's HTTP listener, of
+// quotient rls's gRPC and metrics listeners and of quotient gateway's
+// proxy and metrics listeners.
 type listenSecurity struct {
 	cert, key, clientCA string
 	adminClientCert     bool
@@ -288,13 +321,27 @@ func (l *listenSecurity) register(fs *flag.FlagSet) {
 	fs.BoolVar(&l.adminInsecure, "admin-insecure", false, "allow the admin API on a non-loopback --listen without TLS (its bearer tokens then cross the network in the clear)")
 }
 
+// registerRequired registers the listener TLS flags of a command without
+// an admin API whose every client must present a certificate verified by
+// --listen-tls-client-ca when it is set (quotient gateway); served says
+// what the listeners serve, for the usage texts.
+func (l *listenSecurity) registerRequired(fs *flag.FlagSet, served string) {
+	fs.StringVar(&l.cert, "listen-tls-cert", "", "serve "+served+" over TLS only, with this PEM certificate (chain); re-read when it changes, so certificates rotate without a restart")
+	fs.StringVar(&l.key, "listen-tls-key", "", "PEM key of --listen-tls-cert (re-read with it)")
+	fs.StringVar(&l.clientCA, "listen-tls-client-ca", "", "PEM bundle of CAs: every client of "+served+" must present a certificate that chains to one (mutual TLS; re-read when it changes); needs --listen-tls-cert")
+	l.requireClientCert = true
+}
+
 // reloader returns the listener's TLS (nil without --listen-tls-cert);
 // reload failures after start are logged. Errors name the flag.
 func (l *listenSecurity) reloader(log *slog.Logger, nextProtos ...string) (*tlsconfig.Reloader, error) {
 	switch {
 	case l.cert == "" && l.key == "":
-		if l.clientCA != "" || l.adminClientCert {
+		switch {
+		case l.adminClientCert:
 			return nil, errors.New("--listen-tls-client-ca and --admin-client-cert need --listen-tls-cert and --listen-tls-key")
+		case l.clientCA != "":
+			return nil, errors.New("--listen-tls-client-ca needs --listen-tls-cert and --listen-tls-key: client certificates are verified in a TLS handshake")
 		}
 		return nil, nil
 	case l.cert == "" || l.key == "":
@@ -309,4 +356,42 @@ func (l *listenSecurity) reloader(log *slog.Logger, nextProtos ...string) (*tlsc
 		return nil, fmt.Errorf("%s: %w", blameFile(err, map[string]string{l.cert: "--listen-tls-cert", l.key: "--listen-tls-key", l.clientCA: "--listen-tls-client-ca"}, "--listen-tls-cert/--listen-tls-key"), err)
 	}
 	return r, nil
+}
+
+// upstreamSecurity are quotient gateway's TLS flags for its upstream: an
+// https:// --upstream is verified against --upstream-tls-ca (default the
+// system's roots) for --upstream-tls-server-name (default the URL's
+// host), and presents --upstream-tls-cert to an upstream that requires a
+// client certificate.
+type upstreamSecurity struct {
+	clientTLS
+}
+
+func (u *upstreamSecurity) register(fs *flag.FlagSet) {
+	u.flag = "upstream"
+	fs.StringVar(&u.ca, "upstream-tls-ca", "", "PEM bundle of the CAs an https:// --upstream's certificate must chain to (default: the system's roots)")
+	fs.StringVar(&u.serverName, "upstream-tls-server-name", "", "name the https:// --upstream's certificate must carry (default: the URL's host)")
+	fs.StringVar(&u.cert, "upstream-tls-cert", "", "PEM client certificate for an https:// --upstream that requires one (with --upstream-tls-key; read at start: rotating it takes a restart)")
+	fs.StringVar(&u.key, "upstream-tls-key", "", "PEM key of --upstream-tls-cert")
+}
+
+// transport returns the round tripper to the upstream: http.DefaultTransport's
+// settings (connection pooling, proxy from the environment, HTTP/2 over
+// TLS) with these TLS settings. Without any of them it is nil, and the
+// proxy uses http.DefaultTransport. Errors name the flag: TLS settings
+// with an http:// upstream, or a file that does not load.
+func (u *upstreamSecurity) transport(upstream *url.URL) (http.RoundTripper, error) {
+	if !u.given() {
+		return nil, nil
+	}
+	if upstream.Scheme != "https" {
+		return nil, fmt.Errorf("--upstream-tls-ca, --upstream-tls-server-name, --upstream-tls-cert and --upstream-tls-key need an https:// --upstream, got %q", upstream.String())
+	}
+	cfg, err := u.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = cfg
+	return t, nil
 }
