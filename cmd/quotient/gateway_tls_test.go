@@ -54,14 +54,61 @@ func waitReadyTLS(t *testing.T, addr string, cfg *tls.Config, stderr *syncBuffer
 	}
 }
 
-// countingUpstream is upstream that also counts the requests it answers.
-func countingUpstream(t *testing.T, hits *atomic.Int64) *httptest.Server {
+// tlsGateway is a `quotient gateway` with TLS listeners in front of its
+// own redis-server and a plain upstream that counts what it answers, with
+// gatewayPolicies (key k1: a burst of 5).
+type tlsGateway struct {
+	addr, metricsAddr string // --listen, --metrics-listen
+	stderr            *syncBuffer
+	stop              func()
+	hits              atomic.Int64 // requests the upstream answered
+}
+
+// startTLSGateway starts the gateway with tlsArgs (the --listen-tls-*
+// flags) and waits until client (a TLS configuration it accepts) reads
+// /readyz 200.
+func startTLSGateway(t *testing.T, client *tls.Config, tlsArgs ...string) *tlsGateway {
+	t.Helper()
+	rs := redistest.StartServer(t)
+	g := &tlsGateway{metricsAddr: freeAddr(t)}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
+		g.hits.Add(1)
 		_, _ = io.WriteString(w, "hello "+r.URL.Path)
 	}))
 	t.Cleanup(up.Close)
-	return up
+	dir := t.TempDir()
+	g.addr, g.stderr, g.stop = startServing(t, "gateway", nil, append([]string{"--upstream", up.URL, "--redis", rs.Addr(),
+		"--policies", gwFile(t, dir, "p.json", gatewayPolicies), "--keys", gwFile(t, dir, "k.json", gatewayKeys),
+		"--timeout", "1s", "--metrics-listen", g.metricsAddr}, tlsArgs...)...)
+	waitReadyTLS(t, g.addr, client, g.stderr, 20*time.Second)
+	return g
+}
+
+var k1 = map[string]string{"X-API-Key": "k1"}
+
+// answered checks that a request of k1 with client is answered by the
+// upstream.
+func (g *tlsGateway) answered(t *testing.T, client *tls.Config) {
+	t.Helper()
+	resp, body, err := tlsGet("https://"+g.addr+"/v1/orders", client, k1)
+	require.NoError(t, err, g.stderr.String())
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Equal(t, "hello /v1/orders", body)
+}
+
+// restOfBurst checks, after one admitted request of k1, that 4 more are
+// admitted and the sixth is not (so the connections refused in between
+// spent nothing) and that the upstream saw only the 5.
+func (g *tlsGateway) restOfBurst(t *testing.T, client *tls.Config) {
+	t.Helper()
+	var codes []int
+	for range 5 {
+		resp, _, err := tlsGet("https://"+g.addr+"/v1/orders", client, k1)
+		require.NoError(t, err)
+		codes = append(codes, resp.StatusCode)
+	}
+	assert.Equal(t, []int{200, 200, 200, 200, 429}, codes, "the refused connections spent nothing of the burst of 5")
+	assert.Equal(t, int64(5), g.hits.Load(), "requests that reached the upstream")
 }
 
 // TestGatewayListenerTLS drives `quotient gateway` with --listen-tls-cert
@@ -70,26 +117,14 @@ func countingUpstream(t *testing.T, hits *atomic.Int64) *httptest.Server {
 // a plaintext client and a client that does not trust the certificate
 // are refused and reach neither the limiter nor the upstream.
 func TestGatewayListenerTLS(t *testing.T) {
-	rs := redistest.StartServer(t)
-	var hits atomic.Int64
-	up := countingUpstream(t, &hits)
-	dir := t.TempDir()
 	ca := tlstest.NewCA(t, "quotient")
 	served := ca.Server(t, "gateway")
-	metricsAddr := freeAddr(t)
-	addr, stderr, stop := startServing(t, "gateway", nil, "--upstream", up.URL, "--redis", rs.Addr(),
-		"--policies", gwFile(t, dir, "p.json", gatewayPolicies), "--keys", gwFile(t, dir, "k.json", gatewayKeys),
-		"--timeout", "1s", "--listen-tls-cert", served.CertFile, "--listen-tls-key", served.KeyFile, "--metrics-listen", metricsAddr)
 	trusting := ca.ClientConfig(t, nil)
-	waitReadyTLS(t, addr, trusting, stderr, 20*time.Second)
-	k1 := map[string]string{"X-API-Key": "k1"}
+	g := startTLSGateway(t, trusting, "--listen-tls-cert", served.CertFile, "--listen-tls-key", served.KeyFile)
+	addr, metricsAddr := g.addr, g.metricsAddr
+	g.answered(t, trusting)
 
-	resp, body, err := tlsGet("https://"+addr+"/v1/orders", trusting, k1)
-	require.NoError(t, err, stderr.String())
-	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
-	assert.Equal(t, "hello /v1/orders", body)
-
-	resp, body, err = tlsGet("http://"+addr+"/v1/orders", nil, k1)
+	resp, body, err := tlsGet("http://"+addr+"/v1/orders", nil, k1)
 	require.NoError(t, err, "net/http answers a plaintext request on a TLS listener itself")
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "plaintext HTTP on the TLS listener: %s", body)
 	_, _, err = tlsGet("https://"+addr+"/v1/orders", tlstest.NewCA(t, "other").ClientConfig(t, nil), k1)
@@ -97,17 +132,7 @@ func TestGatewayListenerTLS(t *testing.T) {
 	assert.Contains(t, err.Error(), "certificate signed by unknown authority")
 	_, _, err = tlsGet("https://"+addr+"/v1/orders", &tls.Config{MinVersion: tls.VersionTLS12}, k1)
 	require.Error(t, err, "the system's roots do not trust the test CA")
-
-	// The burst of 5: 4 more are admitted, the sixth is not, so the
-	// refused connections spent nothing; the upstream saw only the 5.
-	var codes []int
-	for range 5 {
-		resp, _, err := tlsGet("https://"+addr+"/v1/orders", trusting, k1)
-		require.NoError(t, err)
-		codes = append(codes, resp.StatusCode)
-	}
-	assert.Equal(t, []int{200, 200, 200, 200, 429}, codes)
-	assert.Equal(t, int64(5), hits.Load(), "requests that reached the upstream")
+	g.restOfBurst(t, trusting)
 
 	resp, body, err = tlsGet("https://"+metricsAddr+"/metrics", trusting, nil)
 	require.NoError(t, err)
@@ -116,7 +141,7 @@ func TestGatewayListenerTLS(t *testing.T) {
 	resp, _, err = tlsGet("http://"+metricsAddr+"/metrics", nil, nil)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "plaintext HTTP on the TLS metrics listener")
-	stop()
+	g.stop()
 }
 
 // TestGatewayListenerMutualTLS: with --listen-tls-client-ca every client
@@ -127,73 +152,46 @@ func TestGatewayListenerTLS(t *testing.T) {
 // new CA written over the served files is what the next connection gets,
 // without a restart.
 func TestGatewayListenerMutualTLS(t *testing.T) {
-	rs := redistest.StartServer(t)
-	var hits atomic.Int64
-	up := countingUpstream(t, &hits)
-	dir := t.TempDir()
 	ca := tlstest.NewCA(t, "quotient")
-	served := ca.Server(t, "gateway")
+	served := servedCopy(t, ca.Server(t, "gateway")) // a copy, so that the test can rotate it
 	client := ca.Client(t, "service")
-	// The listener serves copies, so that the test can rotate them.
-	certFile, keyFile := filepath.Join(dir, "gw.pem"), filepath.Join(dir, "gw-key.pem")
-	copyFile(t, served.CertFile, certFile)
-	copyFile(t, served.KeyFile, keyFile)
-	metricsAddr := freeAddr(t)
-	addr, stderr, stop := startServing(t, "gateway", nil, "--upstream", up.URL, "--redis", rs.Addr(),
-		"--policies", gwFile(t, dir, "p.json", gatewayPolicies), "--keys", gwFile(t, dir, "k.json", gatewayKeys), "--timeout", "1s",
-		"--listen-tls-cert", certFile, "--listen-tls-key", keyFile, "--listen-tls-client-ca", ca.CertFile, "--metrics-listen", metricsAddr)
 	mtls := ca.ClientConfig(t, &client)
-	waitReadyTLS(t, addr, mtls, stderr, 20*time.Second)
-	k1 := map[string]string{"X-API-Key": "k1"}
-
-	resp, body, err := tlsGet("https://"+addr+"/v1/orders", mtls, k1)
-	require.NoError(t, err, stderr.String())
-	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
-	assert.Equal(t, "hello /v1/orders", body)
+	g := startTLSGateway(t, mtls, "--listen-tls-cert", served.CertFile, "--listen-tls-key", served.KeyFile, "--listen-tls-client-ca", ca.CertFile)
+	addr, metricsAddr := g.addr, g.metricsAddr
+	g.answered(t, mtls)
 
 	for _, path := range []string{"/v1/orders", "/readyz"} {
-		_, _, err = tlsGet("https://"+addr+path, ca.ClientConfig(t, nil), k1)
+		_, _, err := tlsGet("https://"+addr+path, ca.ClientConfig(t, nil), k1)
 		require.Error(t, err, "%s without a client certificate", path)
 		assert.Contains(t, err.Error(), "certificate required", path)
 	}
 	stranger := tlstest.NewCA(t, "other").Client(t, "stranger")
-	_, _, err = tlsGet("https://"+addr+"/v1/orders", ca.ClientConfig(t, &stranger), k1)
+	_, _, err := tlsGet("https://"+addr+"/v1/orders", ca.ClientConfig(t, &stranger), k1)
 	require.Error(t, err, "a client certificate of another CA")
-	resp, _, err = tlsGet("http://"+addr+"/v1/orders", nil, k1)
+	resp, _, err := tlsGet("http://"+addr+"/v1/orders", nil, k1)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "plaintext HTTP on the TLS listener")
+	g.restOfBurst(t, mtls)
 
-	var codes []int
-	for range 5 {
-		resp, _, err := tlsGet("https://"+addr+"/v1/orders", mtls, k1)
-		require.NoError(t, err)
-		codes = append(codes, resp.StatusCode)
-	}
-	assert.Equal(t, []int{200, 200, 200, 200, 429}, codes, "the refused connections spent nothing of the burst of 5")
-	assert.Equal(t, int64(5), hits.Load(), "requests that reached the upstream")
-
-	resp, body, err = tlsGet("https://"+metricsAddr+"/metrics", mtls, nil)
+	resp, body, err := tlsGet("https://"+metricsAddr+"/metrics", mtls, nil)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Contains(t, body, "quotient_limiter_decisions_total")
 	_, _, err = tlsGet("https://"+metricsAddr+"/metrics", ca.ClientConfig(t, nil), nil)
 	require.Error(t, err, "/metrics without a client certificate")
 
-	// Rotation: key first, then certificate (the half-done pair does not
-	// load and is not served).
+	// Rotation: a certificate of a new CA written over the served files.
 	rotatedCA := tlstest.NewCA(t, "rotated")
-	rotated := rotatedCA.Server(t, "gateway")
-	copyFile(t, rotated.KeyFile, keyFile)
-	copyFile(t, rotated.CertFile, certFile)
+	rotate(t, served, rotatedCA.Server(t, "gateway"))
 	_, _, err = tlsGet("https://"+addr+"/healthz", mtls, nil)
 	require.Error(t, err, "a client that trusts only the old CA rejects the rotated certificate")
 	newCfg := rotatedCA.ClientConfig(t, &client) // trusts the new CA; its certificate is still of the client CA
 	for _, url := range []string{"https://" + addr + "/healthz", "https://" + metricsAddr + "/metrics"} {
 		resp, _, err = tlsGet(url, newCfg, nil)
-		require.NoError(t, err, "%s: %s", url, stderr.String())
+		require.NoError(t, err, "%s: %s", url, g.stderr.String())
 		assert.Equal(t, http.StatusOK, resp.StatusCode, url)
 	}
-	stop()
+	g.stop()
 }
 
 // TestGatewayUpstreamTLS: an https:// --upstream that requires a client

@@ -33,6 +33,25 @@ func copyFile(t *testing.T, src, dst string) {
 	require.NoError(t, os.WriteFile(dst, data, 0o600))
 }
 
+// servedCopy copies pair to files of a new temporary directory, for a
+// listener to serve and the test to rotate (rotate).
+func servedCopy(t *testing.T, pair tlstest.Pair) tlstest.Pair {
+	t.Helper()
+	dir := t.TempDir()
+	c := tlstest.Pair{CertFile: filepath.Join(dir, "served.pem"), KeyFile: filepath.Join(dir, "served-key.pem")}
+	rotate(t, c, pair)
+	return c
+}
+
+// rotate writes pair over the served files, key first (a half-done
+// rotation, a new key with the old certificate, does not load and is not
+// served).
+func rotate(t *testing.T, served, pair tlstest.Pair) {
+	t.Helper()
+	copyFile(t, pair.KeyFile, served.KeyFile)
+	copyFile(t, pair.CertFile, served.CertFile)
+}
+
 // TestRLSListenerTLS drives `quotient rls` with --listen-tls-cert,
 // --listen-tls-key and --listen-tls-client-ca through real gRPC clients:
 // a client with a certificate of the client CA is answered; a plaintext
@@ -45,16 +64,11 @@ func TestRLSListenerTLS(t *testing.T) {
 	root := t.TempDir()
 	rlsFile(t, filepath.Join(root, "config", "limits.yaml"), rlsLimits, time.Now())
 	ca := tlstest.NewCA(t, "quotient")
-	served := ca.Server(t, "rls")
+	served := servedCopy(t, ca.Server(t, "rls")) // a copy, so that the test can rotate it
 	envoy := ca.Client(t, "envoy")
-	// The listener serves copies, so that the test can rotate them.
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "rls.pem"), filepath.Join(dir, "rls-key.pem")
-	copyFile(t, served.CertFile, certFile)
-	copyFile(t, served.KeyFile, keyFile)
 	metricsAddr := freeAddr(t)
 	addr, stderr, _ := startServing(t, "rls", nil, "--redis", rs.Addr(), "--config-dir", root, "--timeout", "2s",
-		"--listen-tls-cert", certFile, "--listen-tls-key", keyFile, "--listen-tls-client-ca", ca.CertFile,
+		"--listen-tls-cert", served.CertFile, "--listen-tls-key", served.KeyFile, "--listen-tls-client-ca", ca.CertFile,
 		"--metrics-listen", metricsAddr)
 
 	// call sends one hit of user=u on a new connection with creds.
@@ -116,9 +130,7 @@ func TestRLSListenerTLS(t *testing.T) {
 	// first: the half-done rotation is not served) is what the next
 	// connection gets, without a restart.
 	rotatedCA := tlstest.NewCA(t, "rotated")
-	rotated := rotatedCA.Server(t, "rls")
-	copyFile(t, rotated.KeyFile, keyFile)
-	copyFile(t, rotated.CertFile, certFile)
+	rotate(t, served, rotatedCA.Server(t, "rls"))
 	_, err = call(mtls, "u2")
 	require.Error(t, err, "a client that trusts only the old CA rejects the rotated certificate")
 	newCfg := rotatedCA.ClientConfig(t, &envoy) // trusts the new CA; its certificate is still of the client CA
