@@ -146,10 +146,8 @@ func TestBinariesBrokerDown(t *testing.T) {
 		// counted in Redis, or not. So own + the fallback's admissions ≥
 		// admitted ≥ own + the fallback's admissions − its decisions.
 		url := d.regions[r].gateway + "/metrics"
-		fbAllowed, err := metricSum(url, dailyFallbackAllowed)
-		require.NoError(t, err)
-		fbAll, err := metricSum(url, dailyFallback)
-		require.NoError(t, err)
+		fbAllowed := metricSum(t, url, dailyFallbackAllowed)
+		fbAll := metricSum(t, url, dailyFallback)
 		adm := out.perReg["kd/"+r]
 		t.Logf("%s: clients admitted %d, own count %d, fallback decisions %.0f (%.0f admitted)", r, adm, own, fbAll, fbAllowed)
 		assert.LessOrEqual(t, adm, own+int(fbAllowed), "%s: admitted beyond its own count and its fallback's admissions", r)
@@ -226,10 +224,8 @@ func TestBinariesRedisKilled(t *testing.T) {
 	type counts struct{ late, hung, all, fallback, store float64 }
 	phase := func() counts {
 		t.Helper()
-		h, err := metricValues(metrics, hist)
-		require.NoError(t, err)
 		var c counts
-		for k, v := range h {
+		for k, v := range metricValues(t, metrics, hist) {
 			switch {
 			case strings.Contains(k, "_count"):
 				c.all += v
@@ -241,10 +237,8 @@ func TestBinariesRedisKilled(t *testing.T) {
 		}
 		c.late += c.all
 		c.hung += c.all
-		c.fallback, err = metricSum(metrics, fallback)
-		require.NoError(t, err)
-		c.store, err = metricSum(metrics, store)
-		require.NoError(t, err)
+		c.fallback = metricSum(t, metrics, fallback)
+		c.store = metricSum(t, metrics, store)
 		return c
 	}
 	readyz := us.readyz
@@ -265,9 +259,9 @@ func TestBinariesRedisKilled(t *testing.T) {
 
 	time.Sleep(time.Until(t0.Add(killAt))) // the schedule
 	before := phase()
-	fellBackBefore, err := metricSum(metrics, fallbackG) // store timeouts of a loaded machine
-	require.NoError(t, err)
-	killed := time.Now() // before the signal: the fallback may answer as soon as it lands
+	fellBackBefore := metricSum(t, metrics, fallbackG) // store timeouts of a loaded machine
+	// Before the signal: the fallback may answer as soon as it lands.
+	killed := time.Now()
 	d.killRedis(us)
 	// While Redis is down, /readyz says the gateway serves in fallback.
 	sawFallbackReady := false
@@ -283,9 +277,7 @@ func TestBinariesRedisKilled(t *testing.T) {
 	var storeAgain, warmAgain time.Duration
 	for time.Since(restarted) < 30*time.Second && (storeAgain == 0 || warmAgain == 0) {
 		if storeAgain == 0 {
-			s, err := metricSum(metrics, store)
-			require.NoError(t, err)
-			if s > down.store {
+			if metricSum(t, metrics, store) > down.store {
 				storeAgain = time.Since(restarted)
 			}
 		}
@@ -295,9 +287,7 @@ func TestBinariesRedisKilled(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // bounded poll of a real process
 	}
 	fallbackTime := time.Since(killed) // the fallback answered from the kill to (at most) now
-	fellBack, err := metricSum(metrics, fallbackG)
-	require.NoError(t, err)
-	fellBack -= fellBackBefore
+	fellBack := metricSum(t, metrics, fallbackG) - fellBackBefore
 	wg.Wait()
 	end := phase()
 	sharesG.stop()

@@ -65,9 +65,7 @@ func TestBinariesGatewayRestarted(t *testing.T) {
 	for i, r := range restarts {
 		time.Sleep(time.Until(t0.Add(r.at))) // the schedule
 		if i > 0 {
-			f, err := metricSum(us.gateway+"/metrics", fallback)
-			require.NoError(t, err)
-			restarts[i-1].fallback = f
+			restarts[i-1].fallback = metricSum(t, us.gateway+"/metrics", fallback)
 		}
 		errs := out.errors.Load()
 		began := time.Now()
@@ -83,9 +81,7 @@ func TestBinariesGatewayRestarted(t *testing.T) {
 		require.Positive(t, r.ready, "the gateway restarted after %v was not warm within 30 s: %s", r.sig, readyz())
 	}
 	wg.Wait()
-	last, err := metricSum(us.gateway+"/metrics", fallback)
-	require.NoError(t, err)
-	restarts[len(restarts)-1].fallback = last
+	restarts[len(restarts)-1].fallback = metricSum(t, us.gateway+"/metrics", fallback)
 	shares.stop()
 	logMetrics(t, "gateway-us-east", us.gateway+"/metrics", "quotient_limiter_decisions_total", "quotient_limiter_store_errors_total", "quotient_gateway_ready")
 

@@ -197,24 +197,21 @@ func waitHTTP(t *testing.T, url string, timeout time.Duration, ok func(body stri
 	t.Fatalf("%s not ready within %v; last answer: %s", url, timeout, last)
 }
 
-// logMetrics logs the lines of the Prometheus text at url whose names start
-// with one of prefixes: what each process counted, for the reader of a run.
+// logMetrics logs the samples of the Prometheus text at url whose names
+// start with one of prefixes: what each process counted, for the reader
+// of a run.
 func logMetrics(t *testing.T, name, url string, prefixes ...string) {
 	t.Helper()
-	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(url)
+	samples, err := scrapeMetrics(url, 5*time.Second)
 	if err != nil {
 		t.Logf("%s: metrics: %v", name, err)
 		return
 	}
-	defer resp.Body.Close()
-	var b bytes.Buffer
-	_, _ = b.ReadFrom(resp.Body)
 	var lines []string
-	for _, l := range strings.Split(b.String(), "\n") {
+	for _, s := range samples {
 		for _, p := range prefixes {
-			if strings.HasPrefix(l, p) {
-				lines = append(lines, l)
+			if strings.HasPrefix(s.series, p) {
+				lines = append(lines, s.line)
 			}
 		}
 	}

@@ -267,17 +267,23 @@ func (d *labDeployment) sampleShares(t0 time.Time, key, policyID string, rate fl
 	return s
 }
 
-// metricValues scrapes the Prometheus text at url and returns the value
-// of every sample whose line (name and labels) matches re, keyed by that
-// line's name and labels.
-func metricValues(url string, re *regexp.Regexp) (map[string]float64, error) {
-	c := &http.Client{Timeout: 2 * time.Second}
+// metricSample is one sample line of a Prometheus text exposition.
+type metricSample struct {
+	line   string // the whole line
+	series string // its name and labels
+	value  string // its value, as written
+}
+
+// scrapeMetrics reads the Prometheus text at url (the request bounded by
+// timeout) and returns its samples in order; comment lines are skipped.
+func scrapeMetrics(url string, timeout time.Duration) ([]metricSample, error) {
+	c := &http.Client{Timeout: timeout}
 	resp, err := c.Get(url)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	out := map[string]float64{}
+	var out []metricSample
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -286,24 +292,40 @@ func metricValues(url string, re *regexp.Regexp) (map[string]float64, error) {
 			continue
 		}
 		i := strings.LastIndexByte(l, ' ')
-		if i < 0 || !re.MatchString(l[:i]) {
+		if i < 0 {
 			continue
 		}
-		v, err := strconv.ParseFloat(l[i+1:], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics %s: %q: %v", url, l, err)
-		}
-		out[l[:i]] = v
+		out = append(out, metricSample{line: l, series: l[:i], value: l[i+1:]})
 	}
 	return out, sc.Err()
 }
 
-// metricSum is the sum of metricValues.
-func metricSum(url string, re *regexp.Regexp) (float64, error) {
-	m, err := metricValues(url, re)
-	var s float64
-	for _, v := range m {
-		s += v
+// metricValues scrapes the Prometheus text at url and returns the value
+// of every sample whose line (name and labels) matches re, keyed by that
+// line's name and labels. A scrape that fails, or a matching value that
+// does not parse, fails the test (call it from the test's goroutine).
+func metricValues(t *testing.T, url string, re *regexp.Regexp) map[string]float64 {
+	t.Helper()
+	samples, err := scrapeMetrics(url, 2*time.Second)
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, s := range samples {
+		if !re.MatchString(s.series) {
+			continue
+		}
+		v, err := strconv.ParseFloat(s.value, 64)
+		require.NoError(t, err, "metrics %s: %q", url, s.line)
+		out[s.series] = v
 	}
-	return s, err
+	return out
+}
+
+// metricSum is the sum of metricValues.
+func metricSum(t *testing.T, url string, re *regexp.Regexp) float64 {
+	t.Helper()
+	var sum float64
+	for _, v := range metricValues(t, url, re) {
+		sum += v
+	}
+	return sum
 }
