@@ -67,7 +67,7 @@ type replicaRig struct {
 	qcfg   Config
 	clock  *fakeClock
 	table  *ClaimTable
-	srvs   []*Server // nil: killed
+	srvs   []*Server       // nil: killed
 	cut    map[string]bool // replicas that cannot reach the store
 	l      *ledger
 	conns  map[EnvoyID]*Conn // by physical Envoy
