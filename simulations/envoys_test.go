@@ -3,6 +3,7 @@ package simulations
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -24,6 +25,11 @@ func TestParseEnvoys(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []int{1, 0}, sc.Envoys, "b goes through gateways")
 	assert.Equal(t, 1.0, sc.EnvoyReportSec, "reports every second by default")
+	assert.Equal(t, 1, sc.RLQSReplicas, "one RLQS server per region by default")
+
+	sc, err = ParseScenario(patch(t, map[string]any{"envoys": raw(`{"a": 4}`), "rlqs_replicas": 3}))
+	require.NoError(t, err)
+	assert.Equal(t, 3, sc.RLQSReplicas)
 
 	sc, err = ParseScenario([]byte(minimal))
 	require.NoError(t, err)
@@ -48,6 +54,9 @@ func TestParseEnvoysErrors(t *testing.T) {
 		{"report interval too long", map[string]any{"envoys": raw(`{"a": 2}`), "envoy_report_s": 61}, "envoy_report_s", "at most 60"},
 		{"report interval as a string", map[string]any{"envoys": raw(`{"a": 2}`), "envoy_report_s": "1"}, "envoy_report_s", "want a number"},
 		{"report interval without envoys", map[string]any{"envoy_report_s": 1}, "envoy_report_s", "without envoys"},
+		{"replicas without envoys", map[string]any{"rlqs_replicas": 2}, "rlqs_replicas", "without envoys"},
+		{"no replicas", map[string]any{"envoys": raw(`{"a": 2}`), "rlqs_replicas": 0}, "rlqs_replicas", "between 1 and 16"},
+		{"too many replicas", map[string]any{"envoys": raw(`{"a": 2}`), "rlqs_replicas": 17}, "rlqs_replicas", "between 1 and 16"},
 		{"cost through Envoys", map[string]any{"envoys": raw(`{"a": 2}`),
 			"traffic": raw(`[{"key": "k", "policies": ["p"], "cost": 10, "rate": {"a": [[0, 5]]}}]`)}, "traffic[0].cost", "costs 1"},
 		{"two policies through Envoys", map[string]any{"envoys": raw(`{"a": 2}`),
@@ -234,17 +243,25 @@ func TestEnvoyShiftResplitsWithinShare(t *testing.T) {
 // below it. The Envoys hold, besides the assignments in force, the full
 // bucket of every assignment a new one replaced before it expired
 // (envoyBucket.heldWithReplaced); and each file meets its target.
+//
+// With two and three RLQS replicas per region (rlqs_replicas), the bound
+// is the same a ShareRefresh later (a replica lowers its claim one call
+// after its Envoys' larger assignments ran out), and it holds over all
+// the replicas' Envoys together.
 func TestRLQSScenarioWithinShareAtEveryStep(t *testing.T) {
 	for _, f := range []string{"rlqs-abrupt-shift", "rlqs-many-envoys"} {
-		t.Run(f, func(t *testing.T) { runRLQSScenarioWithinShare(t, "scenarios/"+f+".json") })
+		for _, n := range []int{1, 2, 3} {
+			t.Run(fmt.Sprintf("%s/%d replicas", f, n), func(t *testing.T) { runRLQSScenarioWithinShare(t, "scenarios/"+f+".json", n) })
+		}
 	}
 }
 
-func runRLQSScenarioWithinShare(t *testing.T, file string) {
+func runRLQSScenarioWithinShare(t *testing.T, file string, replicas int) {
 	data, err := os.ReadFile(file)
 	require.NoError(t, err)
 	sc, err := ParseScenario(data)
 	require.NoError(t, err)
+	sc.RLQSReplicas = replicas
 	e, err := newEngine(context.Background(), sc, Options{})
 	require.NoError(t, err)
 	require.NotNil(t, e.tier)
@@ -255,6 +272,9 @@ func runRLQSScenarioWithinShare(t *testing.T, file string) {
 	def := quota.Amount{RateMilli: pol.RateMilli() / n, BurstMilli: int64(pol.Burst*1000) / n}
 	cfg := quota.DefaultConfig()
 	lag := int64(cfg.TTL + cfg.InFlight + time.Second + time.Duration(serverTickNs))
+	if replicas > 1 {
+		lag += int64(time.Second)
+	}
 	type point struct {
 		at int64
 		a  quota.Amount
@@ -286,6 +306,7 @@ func runRLQSScenarioWithinShare(t *testing.T, file string) {
 	}
 	require.NoError(t, e.run())
 	require.Greater(t, checks, 100_000)
+	require.Len(t, e.tier.regions[0].srvs, replicas)
 	end := e.endNs
 	assert.Greater(t, shareAt(1, end).RateMilli, def.RateMilli, "eu-west's share never grew: the coordinators did not see its Envoys' usage")
 	assert.Less(t, shareAt(0, end).RateMilli, def.RateMilli, "us-east's share never shrank")

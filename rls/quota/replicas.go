@@ -45,6 +45,12 @@ type ClaimRequest struct {
 	// Lease is how long the record lasts, from the store's clock at the
 	// call.
 	Lease time.Duration
+	// Part is the part the replica's Core splits now (zero before the
+	// first call), kept while the new one would be close to it
+	// (ThresholdPermille below, a quarter of it above).
+	Part Amount
+	// ThresholdPermille is the Core's (Config.ThresholdPermille).
+	ThresholdPermille int64
 }
 
 // ReplicaStore is where the RLQS replicas of a region publish their
@@ -85,6 +91,21 @@ type ReplicaStore interface {
 // by the largest share read; a lowered share is reached as the
 // ceilings fall, TTL + InFlight later.
 func Allocate(share Amount, me string, demandMilli int64, ceiling Amount, own *ReplicaClaim, others []ReplicaClaim) (part, claim Amount) {
+	return allocate(share, ClaimRequest{DemandMilli: demandMilli, Ceiling: ceiling}, own, others)
+}
+
+// allocate is Allocate with the damping of ClaimRequest.Part: a replica
+// keeps the part it has, when that still fits beside the others' claims,
+// while nobody needs a change (its demand is within its part and the
+// others' demand, ThresholdPermille over, within what its part leaves of
+// the share), or when the new part's rate would be below it by no more
+// than ThresholdPermille of it, or above by no more than a quarter of
+// that (as the Core damps an Envoy's assignment). Every change of part moves its Envoys' targets, and a changed
+// assignment is a new, full Envoy bucket: without it, the Poisson noise
+// of the replicas' demand re-split the share every second (rlqs-abrupt-
+// shift with 2 replicas admitted 6.6 % over the limit).
+func allocate(share Amount, req ClaimRequest, own *ReplicaClaim, others []ReplicaClaim) (part, claim Amount) {
+	demandMilli, ceiling := req.DemandMilli, req.Ceiling
 	share.RateMilli, share.BurstMilli = max(0, share.RateMilli), max(0, share.BurstMilli)
 	others = slices.Clone(others)
 	slices.SortFunc(others, func(a, b ReplicaClaim) int { return strings.Compare(a.Replica, b.Replica) })
@@ -97,6 +118,23 @@ func Allocate(share Amount, me string, demandMilli int64, ceiling Amount, own *R
 	target := split(share, demands)[0]
 	room := Amount{max(0, share.RateMilli-held.RateMilli), max(0, share.BurstMilli-held.BurstMilli)}
 	part = Amount{min(target.RateMilli, room.RateMilli), min(target.BurstMilli, room.BurstMilli)}
+	if cur := req.Part; own != nil && cur != (Amount{}) && cur.fits(room) {
+		var othersDemand int64
+		for _, o := range others {
+			othersDemand = satAdd(othersDemand, max(0, o.DemandMilli))
+		}
+		up, down := part.RateMilli-cur.RateMilli, cur.RateMilli-part.RateMilli
+		// Nobody needs a change while the replica's demand is within its
+		// part and the others' demand, ThresholdPermille over, within
+		// what it leaves of the share.
+		needMore := demandMilli > cur.RateMilli
+		othersNeed := othersDemand > mulDiv(max(0, share.RateMilli-cur.RateMilli), 1000, 1000+req.ThresholdPermille)
+		if !needMore && !othersNeed ||
+			up >= 0 && up <= mulDiv(cur.RateMilli, req.ThresholdPermille, 4000) ||
+			down > 0 && down <= mulDiv(cur.RateMilli, req.ThresholdPermille, 1000) {
+			part = cur
+		}
+	}
 	if own == nil {
 		return part, part
 	}
@@ -208,7 +246,7 @@ func (r *RedisClaims) Claim(ctx context.Context, k BucketKey, req ClaimRequest) 
 			}
 		}
 		var claim Amount
-		part, claim = Allocate(req.Share, r.Replica, req.DemandMilli, req.Ceiling, own, others)
+		part, claim = allocate(req.Share, req, own, others)
 		exp := now.Add(req.Lease)
 		if exp.After(latest) {
 			latest = exp
@@ -295,7 +333,7 @@ func (r tableReplica) Claim(_ context.Context, k BucketKey, req ClaimRequest) (A
 			others = append(others, c)
 		}
 	}
-	part, claim := Allocate(req.Share, r.name, req.DemandMilli, req.Ceiling, own, others)
+	part, claim := allocate(req.Share, req, own, others)
 	m[r.name] = ReplicaClaim{Replica: r.name, DemandMilli: req.DemandMilli, Claim: claim, Expires: now.Add(req.Lease)}
 	return part, nil
 }

@@ -266,3 +266,33 @@ func runReplicasInvariant(t *testing.T, seed uint64) {
 	// The run granted something (the check above is not vacuous).
 	require.Positive(t, maxSeen.RateMilli, "seed %d: nothing was ever granted", seed)
 }
+
+// TestAllocateDamping: a replica keeps its part while nobody needs a
+// change (its demand within the part, the others' within what it
+// leaves, 10 % over), and moves it when either needs it; a small raise is
+// not worth a change of every assignment.
+func TestAllocateDamping(t *testing.T) {
+	share := Amount{100_000, 100_000}
+	own := &ReplicaClaim{Replica: "a"}
+	cur := Amount{60_000, 60_000}
+	req := func(demand int64) ClaimRequest {
+		return ClaimRequest{DemandMilli: demand, Part: cur, Ceiling: cur, ThresholdPermille: 100}
+	}
+	other := func(d int64) []ReplicaClaim {
+		return []ReplicaClaim{{Replica: "b", DemandMilli: d, Claim: Amount{40_000, 40_000}}}
+	}
+	// Demands 30 and 30: the target is 50/50, but both are met: kept.
+	part, _ := allocate(share, req(30_000), own, other(30_000))
+	assert.Equal(t, cur, part, "both demands met: kept")
+	// b needs more than the 40 a leaves (10 % over): a lowers.
+	part, _ = allocate(share, req(30_000), own, other(45_000))
+	assert.Less(t, part.RateMilli, cur.RateMilli, "b needs a's spare")
+	// a needs more, but the target is within a quarter of the threshold.
+	part, _ = allocate(share, req(61_000), own, []ReplicaClaim{{Replica: "b", DemandMilli: 0, Claim: Amount{}}})
+	assert.Greater(t, part.RateMilli, cur.RateMilli, "a needs more and the room is free: raised")
+	part, _ = allocate(share, req(61_000), own, []ReplicaClaim{{Replica: "b", DemandMilli: 39_000, Claim: Amount{38_700, 38_700}}})
+	assert.Equal(t, cur, part, "a raise of 1.3 % is not worth new assignments")
+	// Without a live record the part is never kept.
+	part, _ = allocate(share, req(30_000), nil, other(30_000))
+	assert.Equal(t, int64(50_000), part.RateMilli)
+}

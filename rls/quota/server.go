@@ -691,7 +691,9 @@ func (s *Server) claim(ctx context.Context, keys []BucketKey) {
 			continue
 		}
 		t0 := s.clock.Now()
-		req := ClaimRequest{Share: inf.share, DemandMilli: s.core.Demand(k), Ceiling: s.core.Ceiling(t0, k), Lease: lease}
+		part, _ := s.core.Share(k)
+		req := ClaimRequest{Share: inf.share, DemandMilli: s.core.Demand(k), Ceiling: s.core.Ceiling(t0, k), Lease: lease,
+			Part: part, ThresholdPermille: s.cfg.Quota.ThresholdPermille}
 		s.mu.Unlock()
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 		part, err := s.cfg.Claims.Claim(cctx, k, req)
