@@ -610,7 +610,9 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 	plan := slices.Clone(targets)
 	// Keep the rate of an assignment within the threshold of its target,
 	// of one whose target is lower while the Envoy's reports do not show
-	// its demand significantly below it (noise), and of one whose target
+	// its demand significantly below it (noise; only while the target is
+	// the Envoy's demand with its part of the spare: a target cut to the
+	// fair part because others need more is followed), and of one whose target
 	// is higher while its reports do not show that it needs more; with
 	// its burst, unless the target's is more than twice it (a burst cut
 	// to fit earlier: then a burst-only raise, sent only if it fits
@@ -626,7 +628,7 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 			up := targets[i].RateMilli > s.cur.RateMilli
 			if s.hasCur && (!up && c.close(s.cur.RateMilli, targets[i].RateMilli) ||
 				up && (!c.worthRaise(s.cur.RateMilli, targets[i].RateMilli) || !s.wantsMore(s.cur.RateMilli)) ||
-				noise && !up && !s.lowerable(s.cur.RateMilli)) {
+				noise && !up && !s.lowerable(s.cur.RateMilli) && demands[i] <= targets[i].RateMilli) {
 				plan[i], sticky = s.cur, true
 				// The burst the target gives at the rate kept.
 				want := targets[i].BurstMilli
