@@ -34,8 +34,10 @@
 // token bucket, so assignments change only when it is worth it: a rate
 // is lowered when the Envoy's reports show its demand significantly
 // below it (three standard deviations of a Poisson count, over the latest
-// report or the latest LowerReports; one low second of noise is not) or
-// when the share no longer holds the assignments kept, and raised (beyond
+// report or the latest LowerReports; one low second of noise is not),
+// when its target is the Envoy's max-min fair part below its demand (the
+// others need more; TestFairShareLowersAboveItsPart) or when the share no
+// longer holds the assignments kept, and raised (beyond
 // a quarter of ThresholdPermille) only when the Envoy needs more (it
 // denied requests, or its demand is significantly above); other moves
 // within ThresholdPermille are not sent. An unchanged assignment is
