@@ -244,13 +244,15 @@ func TestEnvoyShiftResplitsWithinShare(t *testing.T) {
 // bucket of every assignment a new one replaced before it expired
 // (envoyBucket.heldWithReplaced); and each file meets its target.
 //
-// With two and three RLQS replicas per region (rlqs_replicas), the bound
+// With two and three RLQS replicas per region (rlqs_replicas; for
+// rlqs-many-envoys three only), the bound
 // is the same a ShareRefresh later (a replica lowers its claim one call
 // after its Envoys' larger assignments ran out), and it holds over all
 // the replicas' Envoys together.
 func TestRLQSScenarioWithinShareAtEveryStep(t *testing.T) {
-	for _, f := range []string{"rlqs-abrupt-shift", "rlqs-many-envoys"} {
-		for _, n := range []int{1, 2, 3} {
+	// (rlqs-many-envoys with 2 replicas is left out: 20 s under -race.)
+	for f, ns := range map[string][]int{"rlqs-abrupt-shift": {1, 2, 3}, "rlqs-many-envoys": {1, 3}} {
+		for _, n := range ns {
 			t.Run(fmt.Sprintf("%s/%d replicas", f, n), func(t *testing.T) { runRLQSScenarioWithinShare(t, "scenarios/"+f+".json", n) })
 		}
 	}
