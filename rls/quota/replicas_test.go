@@ -296,3 +296,19 @@ func TestAllocateDamping(t *testing.T) {
 	part, _ = allocate(share, req(30_000), nil, other(30_000))
 	assert.Equal(t, int64(50_000), part.RateMilli)
 }
+
+// TestClaimSlackMustExceedShareRefresh: a lease that could lapse between
+// two renewals is refused, naming both fields.
+func TestClaimSlackMustExceedShareRefresh(t *testing.T) {
+	cfg, err := rls.Parse([]rls.File{{Name: "edge.yaml", Data: []byte(testConfig)}}, rls.ParseOptions{})
+	require.NoError(t, err)
+	table := &ClaimTable{Clock: &fakeClock{now: t0}}
+	_, err = NewServer(ServerConfig{Config: func() *rls.Config { return cfg }, Shares: noShares{}, Claims: table.Replica("a"),
+		ShareRefresh: 2 * time.Second, ClaimSlack: time.Second})
+	require.ErrorContains(t, err, "ClaimSlack (1s) must exceed ShareRefresh (2s)")
+	_, err = NewServer(ServerConfig{Config: func() *rls.Config { return cfg }, Shares: noShares{}, Claims: table.Replica("a"),
+		ShareRefresh: 2 * time.Second})
+	require.NoError(t, err, "the default slack is 2 ShareRefresh + RedisTimeout")
+	_, err = (&RedisClaims{}).Claim(context.Background(), "b", ClaimRequest{})
+	require.ErrorContains(t, err, "RedisClaims.Replica is empty")
+}
