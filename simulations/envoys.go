@@ -27,6 +27,12 @@ package simulations
 //   - A request takes one token; a region's requests are spread evenly
 //     over its Envoys (each request picks one uniformly, from its own
 //     seeded generator).
+//   - rlqs_replicas RLQS servers under the region (default 1), Envoy j
+//     streaming to server j mod N; with more than one, the servers split
+//     the region's share by demand through claims (quota.ClaimTable on
+//     the region's clock, the in-memory twin of quota.RedisClaims), every
+//     server ticking at the same instants in order. The store is not
+//     failed by store_down (its share reads and usage writes are).
 //   - Messages between an Envoy and the server take no time (one region;
 //     the server's InFlight bound, 1 s, is far above it).
 //   - The server's usage flush (limiter.UsageSink) adds to the region's
@@ -212,8 +218,13 @@ type simEnvoy struct {
 // envoyRegion is the RLQS tier of one region: its server and Envoys.
 // Not safe for concurrent use.
 type envoyRegion struct {
-	ctx     context.Context
-	srv     *quota.Server
+	ctx context.Context
+	// srvs are the region's RLQS replicas; Envoy j streams to replica
+	// j mod len(srvs). With more than one, they split the region's share
+	// by demand through claims (quota.ClaimTable on the region's clock,
+	// as quota.RedisClaims on the region's Redis).
+	srvs    []*quota.Server
+	claims  *quota.ClaimTable // the replicas' claims (used with several)
 	clock   *simClock
 	envoys  []*simEnvoy
 	pick    *rand.Rand
@@ -226,38 +237,47 @@ type envoyRegion struct {
 
 // envoyRegionConfig is what an envoyRegion is built from.
 type envoyRegionConfig struct {
-	n       int
-	regions int
-	epoch   time.Duration
-	rules   *rls.Config
-	policy  func(id string) *limiter.Policy
-	shares  quota.ShareSource
-	usage   limiter.UsageSink
-	rng     *rand.Rand
-	startNs int64 // region clock of true t=0, Unix ns
-	bootNs  int64 // true time the server starts (<= 0)
-	idOf    func(k int) map[string]string
+	n        int
+	replicas int // RLQS servers (rlqs_replicas)
+	regions  int
+	epoch    time.Duration
+	rules    *rls.Config
+	policy   func(id string) *limiter.Policy
+	shares   quota.ShareSource
+	usage    limiter.UsageSink
+	rng      *rand.Rand
+	startNs  int64 // region clock of true t=0, Unix ns
+	bootNs   int64 // true time the server starts (<= 0)
+	idOf     func(k int) map[string]string
 }
 
 func newEnvoyRegion(ctx context.Context, c envoyRegionConfig) (*envoyRegion, error) {
 	r := &envoyRegion{ctx: ctx, clock: &simClock{now: time.Unix(0, c.startNs+c.bootNs).UTC()}, pick: c.rng,
 		startNs: c.startNs, atNs: c.bootNs, bucketOf: map[string]int{}, idOf: c.idOf}
-	srv, err := quota.NewServer(quota.ServerConfig{
-		Config:     func() *rls.Config { return c.rules },
-		Policy:     c.policy,
-		Shares:     c.shares,
-		Usage:      c.usage,
-		Regions:    func() int { return c.regions },
-		UsageEpoch: c.epoch,
-		Clock:      r.clock,
-		Logger:     slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		return nil, err
+	table := &quota.ClaimTable{Clock: r.clock}
+	r.claims = table
+	for i := range max(1, c.replicas) {
+		sc := quota.ServerConfig{
+			Config:     func() *rls.Config { return c.rules },
+			Policy:     c.policy,
+			Shares:     c.shares,
+			Usage:      c.usage,
+			Regions:    func() int { return c.regions },
+			UsageEpoch: c.epoch,
+			Clock:      r.clock,
+			Logger:     slog.New(slog.DiscardHandler),
+		}
+		if c.replicas > 1 {
+			sc.Claims = table.Replica(fmt.Sprintf("replica-%d", i))
+		}
+		srv, err := quota.NewServer(sc)
+		if err != nil {
+			return nil, err
+		}
+		r.srvs = append(r.srvs, srv)
 	}
-	r.srv = srv
-	for range c.n {
-		conn, err := srv.Open()
+	for j := range c.n {
+		conn, err := r.srvs[j%len(r.srvs)].Open()
 		if err != nil {
 			return nil, err
 		}
@@ -336,7 +356,9 @@ func (r *envoyRegion) send(at int64, env *simEnvoy, keys []int) error {
 // tick runs the server's Tick and delivers what it decided.
 func (r *envoyRegion) tick(at int64) {
 	r.at(at)
-	r.srv.Tick(r.ctx, r.clock.now)
+	for _, srv := range r.srvs {
+		srv.Tick(r.ctx, r.clock.now)
+	}
 	r.drain(at)
 }
 
@@ -510,7 +532,7 @@ func (e *engine) newEnvoyTier() error {
 		}
 		t.shares[r] = map[int]tierShare{}
 		reg, err := newEnvoyRegion(e.ctx, envoyRegionConfig{
-			n: n, regions: len(sc.Regions), epoch: time.Duration(sc.EpochSec * nsPerSec), rules: rules,
+			n: n, replicas: sc.RLQSReplicas, regions: len(sc.Regions), epoch: time.Duration(sc.EpochSec * nsPerSec), rules: rules,
 			policy: func(id string) *limiter.Policy { return policies[id] },
 			shares: &tierShares{t: t, r: r}, usage: &tierUsage{t: t, r: r},
 			rng:     rng(sc.Seed, "envoys."+sc.Regions[r]),

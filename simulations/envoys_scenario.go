@@ -14,16 +14,26 @@ const (
 	MaxEnvoysPerRegion = 256
 	// MaxEnvoyReportSec bounds envoy_report_s.
 	MaxEnvoyReportSec = 60
+	// MaxRLQSReplicas bounds rlqs_replicas.
+	MaxRLQSReplicas = 16
 )
 
-// envoyFields parses envoys and envoy_report_s (FORMAT.md) into sc, and
+// envoyFields parses envoys, envoy_report_s and rlqs_replicas (FORMAT.md) into sc, and
 // checks what the RLQS tier can enforce: a request through an Envoy falls
 // in one bucket and takes one token, so traffic that reaches a region
 // with Envoys names one token_bucket policy and costs 1. It runs after
 // the rest of the file is parsed (regions, policies, traffic).
 func (p *parser) envoyFields(f map[string]json.RawMessage, sc *Scenario, region func(string, string) (int, bool), policies map[string]*limiter.Policy) {
-	sc.EnvoyReportSec = 1
+	sc.EnvoyReportSec, sc.RLQSReplicas = 1, 1
 	raw, ok := f["envoys"]
+	if rr, has := f["rlqs_replicas"]; has {
+		if !ok {
+			p.add("rlqs_replicas", "set without envoys: no region has an RLQS tier")
+		}
+		if n, okn := p.integer("rlqs_replicas", rr, 1, MaxRLQSReplicas); okn {
+			sc.RLQSReplicas = int(n)
+		}
+	}
 	if rr, has := f["envoy_report_s"]; has {
 		if !ok {
 			p.add("envoy_report_s", "set without envoys: no region has Envoys to report")

@@ -52,6 +52,9 @@ type Scenario struct {
 	Envoys []int
 	// EnvoyReportSec is the Envoys' reporting interval (default 1).
 	EnvoyReportSec float64
+	// RLQSReplicas is the number of RLQS servers under every region with
+	// Envoys (default 1); see envoys.go.
+	RLQSReplicas int
 }
 
 // Network is the bus model between regions' coordinators.
@@ -323,7 +326,7 @@ func ParseScenario(data []byte) (*Scenario, error) {
 var topFields = []string{
 	"name", "description", "seed", "duration_s", "regions", "epoch_s", "window_s", "warmup_s",
 	"network", "clock_skew_ms", "faults", "policies", "traffic", "target",
-	"envoys", "envoy_report_s",
+	"envoys", "envoy_report_s", "rlqs_replicas",
 }
 
 func (p *parser) scenario(data []byte) *Scenario {

@@ -34,7 +34,7 @@ func (f *rlqsFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.threshold, "rlqs-threshold", float64(d.ThresholdPermille)/1000, "re-send an assignment when its target moves by more than this fraction; extend it otherwise")
 	fs.DurationVar(&f.idle, "rlqs-idle-timeout", d.IdleTimeout, "abandon an Envoy's bucket after it reported no request for this long")
 	fs.DurationVar(&f.shareRefresh, "rlqs-share-refresh", time.Second, "how often the share records of active buckets are read")
-	fs.IntVar(&f.replicas, "rlqs-replicas", 1, "RLQS replicas of the region; each splits 1/N of the region's share")
+	fs.IntVar(&f.replicas, "rlqs-replicas", 1, "RLQS replicas of the region; above 1, they split each share by their Envoys' demand through claims in the region's Redis")
 	fs.BoolVar(&f.warmUp, "rlqs-warm-up", true, "grant nothing for --rlqs-ttl plus --rlqs-in-flight after start, so assignments of a crashed predecessor run out first")
 }
 
@@ -67,7 +67,14 @@ func (f *rlqsFlags) config() quota.Config {
 // newQuotaServer builds the RLQS server of `quotient rls` on the same
 // configuration, Redis and region set as its RLS server.
 func newQuotaServer(cfg *rlsConfig, stack *limiterStack, srv *rls.Server, log *slog.Logger, reg prometheus.Registerer) (*quota.Server, error) {
+	var claims quota.ReplicaStore
+	if cfg.quota.replicas > 1 {
+		id := quota.NewReplicaID()
+		log.Info("rlqs: replicas split shares by demand through the region's Redis", "replica", id, "replicas", cfg.quota.replicas)
+		claims = &quota.RedisClaims{Client: stack.client, Replica: id}
+	}
 	return quota.NewServer(quota.ServerConfig{
+		Claims: claims,
 		Config: srv.Config,
 		Policy: func(id string) *limiter.Policy {
 			for _, p := range stack.limiter.Policies() { // the rls.Server's set

@@ -93,7 +93,10 @@ type Config struct {
 	// those run out; the spare part is what lets an assignment be changed
 	// while the one before it is still reserved. A new assignment whose
 	// burst does not fit is sent with the burst that does, or, under one
-	// request, not sent (the Envoy keeps the one it has). Default 500.
+	// request, not sent (the Envoy keeps the one it has). Default 150
+	// (250 before: with 30 Envoys per region each Envoy's bucket held 3
+	// or 4 tokens against about 5 requests a second at random and
+	// overflowed between them, 4.5 % under the limit; see the README).
 	BurstSparePermille int64
 	// LowerReports is how many of an Envoy's latest demand measurements
 	// (each MinElapsed or more) make up the span over which a lowering is
@@ -109,7 +112,7 @@ type Config struct {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{TTL: 5 * time.Second, InFlight: time.Second, ThresholdPermille: 100, IdleTimeout: time.Minute, MinElapsed: 500 * time.Millisecond,
-		BurstSparePermille: 250, LowerReports: 4}
+		BurstSparePermille: 150, LowerReports: 4}
 }
 
 // ErrConfig is wrapped by the errors of Config.Validate.
@@ -297,7 +300,11 @@ func (s *sub) prune(now time.Time, ttl time.Duration) {
 type bucket struct {
 	share     Amount
 	unlimited bool
-	subs      map[EnvoyID]*sub
+	// leased: the share is a replica's lease (SetLeasedShare): nothing is
+	// granted that would be reserved past lease.
+	leased bool
+	lease  time.Time
+	subs   map[EnvoyID]*sub
 }
 
 // Core splits each bucket's share among the Envoys subscribed to it and
@@ -337,14 +344,63 @@ func (c *Core) Known(k BucketKey) bool { return c.buckets[k] != nil }
 // reached by the Envoys' reservations TTL + InFlight later at most: what
 // was granted cannot be taken back before it runs out.
 func (c *Core) SetShare(now time.Time, k BucketKey, share Amount, unlimited bool) []Action {
+	return c.setShare(now, k, share, unlimited, false, time.Time{})
+}
+
+func (c *Core) setShare(now time.Time, k BucketKey, share Amount, unlimited, leased bool, until time.Time) []Action {
 	b := c.buckets[k]
 	if b == nil {
 		b = &bucket{subs: map[EnvoyID]*sub{}}
 		c.buckets[k] = b
 	}
+	b.leased, b.lease = leased, until
 	share.RateMilli, share.BurstMilli = max(0, share.RateMilli), max(0, share.BurstMilli)
 	b.share, b.unlimited = share, unlimited
 	return c.decide(now, k, b, nil)
+}
+
+// SetLeasedShare is SetShare for a share held as a lease that ends at
+// until (a replica's part of the region's share, ReplicaStore): the
+// bucket grants nothing whose reservation (TTL + InFlight from its
+// decision) would outlast until, extensions included, so that every
+// assignment made under the lease has run out when it ends. A zero until
+// grants nothing (the replica's first lease is not known yet).
+func (c *Core) SetLeasedShare(now time.Time, k BucketKey, share Amount, unlimited bool, until time.Time) []Action {
+	return c.setShare(now, k, share, unlimited, true, until)
+}
+
+// Demand is the sum of the split demand (milli requests per second) of
+// the bucket's connected Envoys, what a replica publishes for the
+// replicas' split; 0 for an unknown bucket.
+func (c *Core) Demand(k BucketKey) int64 {
+	var d int64
+	if b := c.buckets[k]; b != nil {
+		for _, s := range b.subs {
+			if s.connected && !s.abandoned {
+				d = satAdd(d, s.splitDemand())
+			}
+		}
+	}
+	return d
+}
+
+// Ceiling bounds what the bucket's Envoys may hold (rate and burst, as
+// Reserved) at any instant from now on, as long as its share is not
+// raised: the larger of the share and what is reserved at now (new
+// grants keep the sum within the share, or within what it already is
+// while a lowered share is not reached, and reservations only fall). A
+// leased bucket whose lease no longer admits a grant made at now is
+// bounded by what is reserved alone.
+func (c *Core) Ceiling(now time.Time, k BucketKey) Amount {
+	b := c.buckets[k]
+	if b == nil {
+		return Amount{}
+	}
+	r := c.Reserved(now, k)
+	if b.leased && now.Add(c.cfg.TTL+c.cfg.InFlight).After(b.lease) {
+		return r
+	}
+	return maxAmount(b.share, r)
 }
 
 // Report records one Envoy's usage of a bucket whose share is set
@@ -522,7 +578,7 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 			delete(b.subs, e)
 		}
 	}
-	if c.closing || now.Before(c.warmUntil) {
+	if c.closing || now.Before(c.warmUntil) || b.leased && now.Add(ttl+c.cfg.InFlight).After(b.lease) {
 		return out
 	}
 	var active []EnvoyID
@@ -554,7 +610,9 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 	plan := slices.Clone(targets)
 	// Keep the rate of an assignment within the threshold of its target,
 	// of one whose target is lower while the Envoy's reports do not show
-	// its demand significantly below it (noise), and of one whose target
+	// its demand significantly below it (noise; only while the target is
+	// the Envoy's demand with its part of the spare: a target cut to the
+	// fair part because others need more is followed), and of one whose target
 	// is higher while its reports do not show that it needs more; with
 	// its burst, unless the target's is more than twice it (a burst cut
 	// to fit earlier: then a burst-only raise, sent only if it fits
@@ -570,7 +628,7 @@ func (c *Core) decide(now time.Time, k BucketKey, b *bucket, out []Action) []Act
 			up := targets[i].RateMilli > s.cur.RateMilli
 			if s.hasCur && (!up && c.close(s.cur.RateMilli, targets[i].RateMilli) ||
 				up && (!c.worthRaise(s.cur.RateMilli, targets[i].RateMilli) || !s.wantsMore(s.cur.RateMilli)) ||
-				noise && !up && !s.lowerable(s.cur.RateMilli)) {
+				noise && !up && !s.lowerable(s.cur.RateMilli) && demands[i] <= targets[i].RateMilli) {
 				plan[i], sticky = s.cur, true
 				// The burst the target gives at the rate kept.
 				want := targets[i].BurstMilli

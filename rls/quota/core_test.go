@@ -50,17 +50,23 @@ func (l *ledger) record(now time.Time, acts []Action) {
 		if unlimited {
 			continue
 		}
-		gs := l.sent[a.Envoy]
-		if n := len(gs); n > 0 && gs[n-1].amt == amt && now.Add(l.inFlight).Before(gs[n-1].sentAt.Add(gs[n-1].ttl)) {
-			last := &gs[n-1]
-			last.sentAt, last.ttl = now, a.TTL
-			if u := now.Add(a.TTL + l.inFlight); u.After(last.until) {
-				last.until = u
-			}
-			continue
-		}
-		l.sent[a.Envoy] = append(gs, sentGrant{amt: amt, sentAt: now, ttl: a.TTL, until: now.Add(a.TTL + l.inFlight)})
+		l.add(now, a.Envoy, amt, a.TTL)
 	}
+}
+
+// add records one assignment of amt (decoded from the wire) sent to e at
+// now with TTL ttl.
+func (l *ledger) add(now time.Time, e EnvoyID, amt Amount, ttl time.Duration) {
+	gs := l.sent[e]
+	if n := len(gs); n > 0 && gs[n-1].amt == amt && now.Add(l.inFlight).Before(gs[n-1].sentAt.Add(gs[n-1].ttl)) {
+		last := &gs[n-1]
+		last.sentAt, last.ttl = now, ttl
+		if u := now.Add(ttl + l.inFlight); u.After(last.until) {
+			last.until = u
+		}
+		return
+	}
+	l.sent[e] = append(gs, sentGrant{amt: amt, sentAt: now, ttl: ttl, until: now.Add(ttl + l.inFlight)})
 }
 
 // total is what the Envoys may admit at now: the sum of their rates, and

@@ -34,8 +34,10 @@
 // token bucket, so assignments change only when it is worth it: a rate
 // is lowered when the Envoy's reports show its demand significantly
 // below it (three standard deviations of a Poisson count, over the latest
-// report or the latest LowerReports; one low second of noise is not) or
-// when the share no longer holds the assignments kept, and raised (beyond
+// report or the latest LowerReports; one low second of noise is not),
+// when its target is the Envoy's max-min fair part below its demand (the
+// others need more; TestFairShareLowersAboveItsPart) or when the share no
+// longer holds the assignments kept, and raised (beyond
 // a quarter of ThresholdPermille) only when the Envoy needs more (it
 // denied requests, or its demand is significantly above); other moves
 // within ThresholdPermille are not sent. An unchanged assignment is
@@ -115,12 +117,63 @@
 // (TestNoisyDemandKeepsAssignments: no new bucket in 100 s of noisy
 // steady demand over ten Envoys).
 //
-// Replicas: the split is per process and the replicas do not talk to
-// each other. With ServerConfig.Replicas = N, each of the region's N
-// replicas splits 1/N of the share among the Envoys connected to it, so
-// the region stays within its share wherever an Envoy's stream lands (and
-// when it moves: a moved Envoy's old assignment is reserved by the replica
-// that made it). The cost is capacity: a replica with few Envoys cannot
-// lend its part to a busy one. Coordinating replicas through the region's
-// Redis is not built.
+// Replicas: with ServerConfig.Claims (RedisClaims on the region's Redis,
+// `quotient rls --rlqs-replicas` N > 1) the region's replicas split each
+// bucket's share by demand, each splitting its part among the Envoys
+// connected to it; without it each splits 1/Replicas (static, no lending).
+// Every ShareRefresh, and when a bucket first reports, a replica makes one
+// atomic call per active bucket (ReplicaStore.Claim: one WATCH/MULTI
+// transaction on the hash ClaimKeyPrefix + bucket): it drops the records
+// that expired on the store's clock, computes its part (Allocate: its
+// max-min fair target over the live replicas' demand, cut to what the
+// others' claims leave of the share) and writes its record: its demand,
+// its claim and an expiry Lease = TTL + InFlight + ClaimSlack after the
+// store's clock. The claim is the larger of the new part and its ceiling
+// (Core.Ceiling: the larger of the part it had and what its Envoys hold
+// now), and the part is applied as a lease ending Lease after a time
+// taken before the call (Core.SetLeasedShare). Why the sum over the
+// replicas and their Envoys stays within the region's share at every
+// instant, a replica that died before its record expired and assignments
+// in flight included:
+//
+//   - A replica's Envoys hold no more than its live record's claim, at
+//     every instant: under a fixed part the core keeps what it reserves
+//     (assignments in flight and those of disconnected Envoys included,
+//     as above) within the larger of the part and what was reserved
+//     before, and reservations only fall; so from a call on, they stay
+//     within the ceiling taken before it (what the old part allows) and,
+//     once the new part is applied, within the larger of it and the
+//     ceiling: the claim written. A lowered part is therefore written as
+//     the old ceiling first, and the record falls only at a later call,
+//     once the Envoys' larger assignments ran out.
+//   - The records' claims fit in the share: each call writes a claim
+//     that fits beside the others' live claims (the part is cut to what
+//     they leave; the ceiling is at most the replica's own live record,
+//     which fitted when written). A replica whose record expired claims
+//     its new part only (its Envoys then hold nothing: next point).
+//   - A dead or cut-off replica's Envoys hold nothing once its record
+//     expires: the core grants nothing whose reservation (TTL + InFlight)
+//     would outlast the lease, extensions included, and the lease ends
+//     no later than the record (it starts before the call, the record's
+//     expiry at the store's clock during it; clocks may be offset, but
+//     must run at the same rate). Until then its claim is counted by the
+//     others, so its part is unusable for up to Lease after its last
+//     call; a replica that cannot reach the store keeps granting for
+//     ClaimSlack, then its Envoys fall back to expired_assignment_behavior.
+//   - A restarted replica has a new name (NewReplicaID), so its
+//     predecessor's record stays counted until it expires, besides the
+//     warm-up above.
+//   - The share read may differ between replicas for one ShareRefresh
+//     after a change: the sum is then within the largest share read, and
+//     a lowered share is reached as the ceilings fall (TTL + InFlight
+//     later, plus one call).
+//
+// What it costs: one store transaction per active bucket per
+// ShareRefresh per replica, serialised in the replica; an Envoy whose
+// demand moves to another replica gets the capacity after the old
+// replica's Envoys' assignments ran out and one more call of each
+// (TestReplicasLendThroughRedis measures it). TestReplicasInvariantRandom
+// checks the sum from the Envoys' ledger after every event of random runs
+// of two or three replicas (reports, demand moving, Envoys moving,
+// replicas killed, restarted and cut from the store, time passing).
 package quota

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -58,12 +59,26 @@ type ServerConfig struct {
 	// RegionSetting): a bucket without a share record gets 1/Regions of
 	// its limit. Nil means 1.
 	Regions func() int
-	// Replicas is the number of RLQS servers of the region; each splits
-	// 1/Replicas of the region's share among the Envoys connected to it,
-	// so that the replicas together stay within the share wherever the
-	// Envoys connect (static division; unused capacity of one replica is
-	// not lent to another). Default 1.
+	// Replicas is the number of RLQS servers of the region when Claims is
+	// nil; each then splits 1/Replicas of the region's share among the
+	// Envoys connected to it, so that the replicas together stay within
+	// the share wherever the Envoys connect (static division; unused
+	// capacity of one replica is not lent to another). Ignored with
+	// Claims. Default 1.
 	Replicas int
+	// Claims, when set, splits the region's share among the region's
+	// replicas by their Envoys' demand (package doc, "Replicas"): every
+	// ShareRefresh, and when a bucket first reports, the server publishes
+	// its demand and claim on each active bucket and splits the part it
+	// gets (Allocate). Nil: Replicas' static split.
+	Claims ReplicaStore
+	// ClaimSlack is how much longer than TTL + InFlight a replica's claim
+	// lasts (ClaimRequest.Lease = TTL + InFlight + ClaimSlack): the time
+	// a replica keeps granting without reaching the store, and the time
+	// after its last grant that a dead replica's part stays unusable by
+	// the others. It must exceed ShareRefresh (claims are renewed then).
+	// Default 2 ShareRefresh + RedisTimeout.
+	ClaimSlack time.Duration
 	// Quota configures the split; the zero value means DefaultConfig().
 	Quota Config
 	// UsageEpoch is the coordinator's epoch (--epoch). Default 10 s.
@@ -129,6 +144,11 @@ type Server struct {
 	clock Clock
 	log   *slog.Logger
 
+	// claimMu serialises the claims (one ReplicaStore call at a time),
+	// so that a bucket's ceiling and part are never computed by two
+	// calls at once. Taken before mu.
+	claimMu sync.Mutex
+
 	mu        sync.Mutex
 	core      *Core
 	info      map[BucketKey]*bucketInfo
@@ -188,6 +208,12 @@ func NewServer(c ServerConfig) (*Server, error) {
 	}
 	if c.UsageMaxKeys <= 0 {
 		c.UsageMaxKeys = defaultUsageMaxKeys
+	}
+	if c.ClaimSlack <= 0 {
+		c.ClaimSlack = 2*c.ShareRefresh + c.RedisTimeout
+	}
+	if c.Claims != nil && c.ClaimSlack <= c.ShareRefresh {
+		return nil, fmt.Errorf("quota: ServerConfig.ClaimSlack (%v) must exceed ShareRefresh (%v): claims are renewed every ShareRefresh", c.ClaimSlack, c.ShareRefresh)
 	}
 	s := &Server{cfg: c, clock: c.Clock, log: c.Logger, core: core,
 		info: map[BucketKey]*bucketInfo{}, streams: map[EnvoyID]*outbox{},
@@ -549,6 +575,9 @@ func (s *Server) shareOf(inf *bucketInfo, rec ShareRecord) Amount {
 		region = Amount{RateMilli: inf.limit.RateMilli / n, BurstMilli: inf.limit.BurstMilli / n}
 	}
 	r := int64(s.cfg.Replicas)
+	if s.cfg.Claims != nil {
+		r = 1 // the replicas' split is by demand (claim)
+	}
 	return Amount{RateMilli: region.RateMilli / r, BurstMilli: region.BurstMilli / r}
 }
 
@@ -618,15 +647,67 @@ func (s *Server) handle(ctx context.Context, id EnvoyID, domain *string, msg *rl
 			s.info[key(inf)] = inf
 		}
 	}
+	var claim []BucketKey
 	for _, it := range items {
 		inf := s.info[it.key]
 		if !s.core.Known(it.key) {
-			s.dispatch(s.core.SetShare(now, it.key, inf.share, inf.unlimited))
+			if s.leased(inf) {
+				// No part before the first claim: the Envoy stays on
+				// its no_assignment_behavior until then.
+				s.dispatch(s.core.SetLeasedShare(now, it.key, Amount{}, false, time.Time{}))
+				claim = append(claim, it.key)
+			} else {
+				s.dispatch(s.core.SetShare(now, it.key, inf.share, inf.unlimited))
+			}
 		}
 		s.dispatch(s.core.Report(now, id, it.key, it.usage))
 	}
 	s.mu.Unlock()
+	s.claim(ctx, claim)
 	return nil
+}
+
+// leased reports whether a bucket's part is claimed from the region's
+// replicas (Claims set, and a limited bucket).
+func (s *Server) leased(inf *bucketInfo) bool { return s.cfg.Claims != nil && !inf.unlimited }
+
+// claim publishes the replica's demand and claim on each bucket and
+// applies the part it gets, with a lease of TTL + InFlight + ClaimSlack
+// from before the call (the store's expiry is later still). A bucket
+// whose call fails keeps its part and lease (its grants stop when the
+// lease no longer covers them).
+func (s *Server) claim(ctx context.Context, keys []BucketKey) {
+	if s.cfg.Claims == nil || len(keys) == 0 {
+		return
+	}
+	s.claimMu.Lock()
+	defer s.claimMu.Unlock()
+	lease := s.cfg.Quota.TTL + s.cfg.Quota.InFlight + s.cfg.ClaimSlack
+	for _, k := range keys {
+		s.mu.Lock()
+		inf := s.info[k]
+		if inf == nil || !s.leased(inf) || !s.core.Known(k) || s.closed {
+			s.mu.Unlock()
+			continue
+		}
+		t0 := s.clock.Now()
+		part, _ := s.core.Share(k)
+		req := ClaimRequest{Share: inf.share, DemandMilli: s.core.Demand(k), Ceiling: s.core.Ceiling(t0, k), Lease: lease,
+			Part: part, ThresholdPermille: s.cfg.Quota.ThresholdPermille}
+		s.mu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+		part, err := s.cfg.Claims.Claim(cctx, k, req)
+		cancel()
+		if err != nil {
+			s.log.Warn("quota: replica claim failed; keeping the part and lease held", "bucket", string(k), "err", err)
+			continue
+		}
+		s.mu.Lock()
+		if !s.closed && s.core.Known(k) {
+			s.dispatch(s.core.SetLeasedShare(s.clock.Now(), k, part, false, t0.Add(lease)))
+		}
+		s.mu.Unlock()
+	}
 }
 
 func key(inf *bucketInfo) BucketKey { return BucketKey(rls.BucketKey(inf.domain, inf.id)) }
@@ -801,6 +882,14 @@ func (s *Server) FlushUsage(ctx context.Context, now time.Time) error {
 func (s *Server) Tick(ctx context.Context, now time.Time) {
 	if now.Sub(s.lastShareTime()) >= s.cfg.ShareRefresh {
 		s.refresh(ctx, now)
+		s.mu.Lock()
+		keys := make([]BucketKey, 0, len(s.info))
+		for k := range s.info {
+			keys = append(keys, k)
+		}
+		s.mu.Unlock()
+		slices.Sort(keys)
+		s.claim(ctx, keys)
 	}
 	s.mu.Lock()
 	if !s.closed {
@@ -857,6 +946,10 @@ func (s *Server) refresh(ctx context.Context, now time.Time) {
 			continue
 		}
 		share := s.shareOf(inf, recs[i])
+		if s.leased(inf) {
+			inf.share = share // the part is claimed below
+			continue
+		}
 		if share != inf.share || !s.core.Known(k) {
 			inf.share = share
 			s.dispatch(s.core.SetShare(now, k, share, inf.unlimited))
