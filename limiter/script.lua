@@ -104,6 +104,7 @@ local DRATE = {} -- buckets: the policy's own rate, for reset at rate 0
 local req, nowus, now, n, keepPrev, allowed
 local servertime
 local out = {0}
+local no = 1 -- #out, without Lua's search for the length
 
 -- Subject states. Every token bucket, leaky bucket, fixed window and
 -- sliding window counter of one subject lives in one string key,
@@ -509,17 +510,11 @@ local function write()
         ra = a
       end
     end
-    out[#out + 1] = adm
-    out[#out + 1] = remaining
-    out[#out + 1] = reset
-    out[#out + 1] = retry
-    out[#out + 1] = delay
+    out[no + 1], out[no + 2], out[no + 3], out[no + 4], out[no + 5] = adm, remaining, reset, retry, delay
+    no = no + 5
     if keepPrev then
-      out[#out + 1] = ra
-      out[#out + 1] = rb
-      out[#out + 1] = rc
-      out[#out + 1] = rd
-      out[#out + 1] = re
+      out[no + 1], out[no + 2], out[no + 3], out[no + 4], out[no + 5] = ra, rb, rc, rd, re
+      no = no + 5
     end
   end
   -- Write every subject an op wrote: its entries kept (as they are), then
@@ -563,16 +558,18 @@ end
 local R = #ARGV
 for r = 1, R do
   req = ARGV[r]
-  local mark = #out
+  local mark = no
   local ok, e = pcall(read)
+  no = mark + 1
   if not ok then
-    out[mark + 1] = failed(e, false)
+    out[no] = failed(e, false)
   else
-    out[mark + 1] = allowed
+    out[no] = allowed
     ok, e = pcall(write)
     if not ok then
-      for j = #out, mark + 2, -1 do out[j] = nil end
-      out[mark + 1] = failed(e, true)
+      for j = no, mark + 2, -1 do out[j] = nil end
+      no = mark + 1
+      out[no] = failed(e, true)
     end
   end
   if r == 1 then out[1] = nowus or 0 end
