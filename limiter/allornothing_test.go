@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -276,8 +277,8 @@ func TestAllOrNothingConcurrent(t *testing.T) {
 				assert.Equal(t, int64(burst-a), peek(t, l, Subject{Kind: SubjectAPIKey, Value: names[g]}, "burst").Remaining, "key %s", names[g])
 			}
 			assert.Equal(t, limit, total, "the account admits exactly its limit (demand is %d)", keys*perKey)
-			v, ok := policyStateValue(t, s.client, Subject{Kind: SubjectAccount, Value: s.account}, l.Policies()[1])
-			require.True(t, ok, "the account has a state")
+			v, err := s.client.Get(context.Background(), StateKey(Subject{Kind: SubjectAccount, Value: s.account}, l.Policies()[1])).Result()
+			require.NoError(t, err)
 			_, count, ok := strings.Cut(v, ":")
 			require.True(t, ok, v)
 			assert.Equal(t, strconv.Itoa(total), count, "the account's stored count equals the admitted requests")
@@ -417,10 +418,11 @@ func TestRefundOfATouchedBucketNeverMints(t *testing.T) {
 	}
 	// tokens is what the stored bucket holds at at (nano-tokens).
 	tokens := func(subj Subject, at time.Time) int64 {
-		v, ok := policyStateValue(t, rs.client, subj, p)
-		if !ok {
+		v, err := rs.client.Get(ctx, StateKey(subj, p)).Result()
+		if errors.Is(err, redis.Nil) {
 			return p.burstMilli * nanoPerMilli // no state: a full bucket
 		}
+		require.NoError(t, err)
 		st := decodeBucket(t, v)
 		return bucketTokens(&st, at.UnixMicro(), p.rateMilli, p.burstMilli*nanoPerMilli)
 	}
@@ -434,12 +436,12 @@ func TestRefundOfATouchedBucketNeverMints(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(0), n)
 	consume(a, tc, 3)
-	before, ok := policyStateValue(t, rs.client, a, p)
-	require.True(t, ok)
+	before, err := rs.client.Get(ctx, StateKey(a, p)).Result()
+	require.NoError(t, err)
 	ri = consume(a, tc.Add(time.Millisecond), 4)
 	require.NoError(t, rs.refund(ctx, tr, a, []op{l.opFor(p, 4)}, ri, 0, ri.nowUs))
-	after, ok := policyStateValue(t, rs.client, a, p)
-	require.True(t, ok)
+	after, err := rs.client.Get(ctx, StateKey(a, p)).Result()
+	require.NoError(t, err)
 	assert.Equal(t, before, after)
 
 	// Touched: another request of cost 1 at tc+1ms. Without the refunded

@@ -189,9 +189,8 @@ func TestShareRecordsAreClamped(t *testing.T) {
 }
 
 // TestBucketStateBeforeTokens: a bucket written by the script before
-// buckets kept their tokens (a decimal "µs when full", in the layout of
-// one key per policy) still decides as it did, so an upgrade mints
-// nothing.
+// buckets kept their tokens (a decimal "µs when full") still decides as
+// it did, so an upgrade mints nothing.
 func TestBucketStateBeforeTokens(t *testing.T) {
 	client := redistest.StartServer(t).Client()
 	rs := NewRedisStore(client)
@@ -202,14 +201,14 @@ func TestBucketStateBeforeTokens(t *testing.T) {
 	subj := Subject{Kind: SubjectAPIKey, Value: "old"}
 	ctx := context.Background()
 	// Full again 1.5 s after t0: 15 tokens missing.
-	require.NoError(t, client.Set(ctx, stateKey(subj.Key(), p.ID, "tb"), at(1_500).UnixMicro(), time.Minute).Err())
+	require.NoError(t, client.Set(ctx, StateKey(subj, p), at(1_500).UnixMicro(), time.Minute).Err())
 	d, err := l.checkSubjectAt(ctx, at(0), subj, []*Policy{p}, 1)
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
 	assert.Equal(t, int64(4), d.Policies[0].Remaining)
 	assert.Equal(t, 1600*time.Millisecond, d.Policies[0].ResetAfter)
-	v, ok := policyStateValue(t, client, subj, p)
-	require.True(t, ok, "rewritten in the subject's key")
+	v, err := client.Get(ctx, StateKey(subj, p)).Result()
+	require.NoError(t, err)
 	assert.Len(t, v, 12, "rewritten in the new layout")
 }
 

@@ -531,13 +531,6 @@ func cloneMemory(m *MemoryStore) *MemoryStore {
 func readRedisState(t *testing.T, client redis.UniversalClient, subj Subject, o *op) *state {
 	t.Helper()
 	ctx := context.Background()
-	if o.inSubjectState() {
-		e := subjectStateEntry(t, client, subj, o)
-		if e == nil {
-			return nil
-		}
-		return &e.st
-	}
 	key := stateKey(subj.Key(), o.policy, o.tag())
 	atoi := func(s string) int64 {
 		n, err := strconv.ParseInt(s, 10, 64)

@@ -115,21 +115,16 @@
 //
 // # Keys
 //
-// Every store key carries the subject as a Redis Cluster hash tag, so all
-// policies of one subject share one cluster slot: the subject's key
-// rl:{<subject>} holds all its token buckets, leaky buckets, fixed
-// windows and sliding window counters, one entry each (one GET and one SET
-// per subject and decision; see RedisStore), and sliding window logs and
-// global fixed windows have keys rl:{<subject>}:<policy>:<algorithm>.
-// Subjects are escaped (see [Subject.Key]) so no byte string can break a
-// key, move it to another slot, or collide with another subject. Every
-// state has a TTL: a bucket lives until it would be full again at the
-// rate of its last write (at rate 0: at the policy's own rate) plus one
-// second, a window until it ends (a month: until the next month starts)
-// plus one second, so an expired state and a live one decide alike while
-// the rate stays what it was; an entry carries its own expiry and the
-// subject's key lives as long as its longest-lived entry. A subject with
-// one token bucket takes 120 bytes of Redis memory with a 32-character API
-// key (MEMORY USAGE, Redis 7.0), with a token bucket and a daily fixed
-// window 152 bytes (256 as one key per policy).
+// Every store key carries the subject as a Redis Cluster hash tag,
+// rl:{<subject>}:<policy>:<algorithm>, so all policies of one subject share
+// one cluster slot. Subjects are escaped (see [Subject.Key]) so no byte
+// string can break a key, move it to another slot, or collide with another
+// subject. Every key has a TTL: a bucket lives until it would be full again
+// at the rate of its last write (at rate 0: at the policy's own rate) plus
+// one second, a window until it ends (a month: until the next month
+// starts) plus one second, so an expired key and a live one decide alike
+// while the rate stays what it was. A token bucket takes 120 bytes of
+// Redis memory with a 32-character API key (MEMORY USAGE, Redis 7.0): a
+// 12-byte value, 16 bytes more than the single integer buckets kept before
+// they carried their tokens across rate changes.
 package limiter

@@ -38,11 +38,9 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 // call per subject in order with refunds (see eval and refund.go). Keys
 // (see the package documentation):
 //
-//	rl:{<subject>}                        string: the subject's token buckets, leaky
-//	                                      buckets, fixed windows and sliding window
-//	                                      counters, one entry each with its own expiry
-//	                                      (subjectstate.go; a bucket's state is 12 bytes:
-//	                                      nano-tokens at a ms, algorithm.go)
+//	rl:{<subject>}:<policy>:tb|lb         12 bytes: nano-tokens at a ms (algorithm.go)
+//	rl:{<subject>}:<policy>:fw            string "<window start ms>:<count>"
+//	rl:{<subject>}:<policy>:sc            string "<window start ms>:<current>:<previous>"
 //	rl:{<subject>}:<policy>:sl            list: sliding window log, "ms:cost"
 //	rl:{<subject>}:<policy>:fg            hash: replicated window (replicated.go)
 //	rl:{<subject>}:<policy>:share         hash r (milli-tokens/s), b (milli-tokens):
@@ -142,18 +140,12 @@ func algoCode(o *op) int {
 	return 0
 }
 
-// StateKey is the Redis key that holds one policy's state for one
-// subject (see Keys in the package documentation), for tools and operators
-// that inspect Redis: the subject's key rl:{<subject>}, shared by all its
-// token buckets, leaky buckets, fixed windows and sliding window counters
-// (one entry each, see RedisStore); rl:{<subject>}:<policy>:sl for a
-// sliding window log and rl:{<subject>}:<policy>:fg for a global fixed
-// window, which keep keys of their own.
+// StateKey is the Redis key of one policy's state for one subject (see
+// Keys in the package documentation), for tools and operators that inspect
+// Redis: rl:{<subject>}:<policy>:<tag>, the tag tb, lb, fw, sl or sc by
+// algorithm, fg for a global fixed window.
 func StateKey(subject Subject, p *Policy) string {
 	o := op{algo: p.Algorithm, global: p.Scope == ScopeGlobal}
-	if o.inSubjectState() {
-		return subjectKey(subject.Key())
-	}
 	return stateKey(subject.Key(), p.ID, o.tag())
 }
 
@@ -161,24 +153,6 @@ func StateKey(subject Subject, p *Policy) string {
 // one subject; the coordinator writes it.
 func ShareKey(subject Subject, policyID string) string {
 	return shareKey(subject.Key(), policyID)
-}
-
-// inSubjectState reports whether o's state is an entry of its subject's
-// key (token and leaky buckets, fixed windows that are not global, sliding
-// window counters), not a key of its own.
-func (o *op) inSubjectState() bool {
-	switch o.algo {
-	case TokenBucket, LeakyBucket, SlidingWindowCounter:
-		return true
-	case FixedWindow:
-		return !o.global
-	}
-	return false
-}
-
-// subjectKey is the key of a subject's states: rl:{<subject>}.
-func subjectKey(subject string) string {
-	return "rl:{" + subject + "}"
 }
 
 func stateKey(subject, policy, tag string) string {
@@ -314,21 +288,12 @@ func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject
 		}
 		var err error
 		at := len(buf) + 2
-		if o.inSubjectState() {
-			if buf, err = appendSubjectKey(buf, subject); err != nil {
-				return buf, err
-			}
-		} else if buf, err = appendKey(buf, subject, o.policy, o.tag()); err != nil {
+		if buf, err = appendKey(buf, subject, o.policy, o.tag()); err != nil {
 			return buf, err
 		}
 		if i == 0 && rk != nil {
 			rk.route = [2]int{at, len(buf)}
 		}
-		if len(o.policy) > 255 {
-			return buf, fmt.Errorf("limiter: redis store: policy id of %d bytes, at most 255", len(o.policy))
-		}
-		buf = append(buf, byte(len(o.policy)))
-		buf = append(buf, o.policy...)
 		switch {
 		case o.replicated():
 			if len(o.region) > 255 {
@@ -365,19 +330,6 @@ func appendKey(buf []byte, subject, policy, tag string) ([]byte, error) {
 	buf = append(buf, policy...)
 	buf = append(buf, ':')
 	return append(buf, tag...), nil
-}
-
-// appendSubjectKey appends "rl:{subject}" (subjectKey) with its length
-// in two bytes.
-func appendSubjectKey(buf []byte, subject string) ([]byte, error) {
-	n := len("rl:{}") + len(subject)
-	if n > maxKeyLen {
-		return buf, fmt.Errorf("limiter: redis store: key of %d bytes for subject %q, at most %d", n, subject, maxKeyLen)
-	}
-	buf = binary.BigEndian.AppendUint16(buf, uint16(n))
-	buf = append(buf, "rl:{"...)
-	buf = append(buf, subject...)
-	return append(buf, '}'), nil
 }
 
 // reqBufs recycles the buffers request strings are built in.

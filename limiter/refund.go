@@ -46,7 +46,7 @@ import (
 //     share's rate): the state is the tokens held at a millisecond. When
 //     no other request has written the bucket since (its 12 bytes are
 //     still what the request wrote), the state before the request is put
-//     back byte for byte (or the entry removed, if there was none): exact,
+//     back byte for byte (or the key deleted, if there was none): exact,
 //     rate and burst changes after it included. Otherwise an exact
 //     refund is impossible from the state alone: while the request's
 //     tokens were out, refill that a full bucket would have wasted may
@@ -141,15 +141,9 @@ func (s *RedisStore) refund(ctx context.Context, now time.Time, subj Subject, op
 			continue
 		}
 		o := &ops[i]
-		name := o.region // algo 6: this region's count
-		if o.inSubjectState() {
-			keys = append(keys, subjectKey(subject))
-			name = o.policy // the entry of the subject's state
-		} else {
-			keys = append(keys, stateKey(subject, o.policy, o.tag()))
-		}
+		keys = append(keys, stateKey(subject, o.policy, o.tag()))
 		r := &ri.r[off+i]
-		args = append(args, algoCode(o), o.cost, o.windowMs, name, r[0], r[1], r[2], r[3], r[4])
+		args = append(args, algoCode(o), o.cost, o.windowMs, o.region, r[0], r[1], r[2], r[3], r[4])
 		n++
 	}
 	if n == 0 {

@@ -1,15 +1,11 @@
 -- Quotient: give back what script.lua consumed for one subject of a
 -- request that a later subject (on another cluster node) rejected. See
 -- refund.go for what is exact and what is not.
--- KEYS: the key of each op to refund (one subject: one slot): the
---   subject's key rl:{<subject>} for algo 1, 2, 3 and 5, whose states
---   are entries of it (script.lua: subject states), the state key for
---   the others.
+-- KEYS: the state key of each op to refund (one subject: one slot).
 -- ARGV[1]: '' (use Redis server TIME) or a time in µs (tests only).
 -- ARGV[2]: the time (µs) of the consuming call, as script.lua returned it.
 -- ARGV[3]: number of ops; then 9 values per op: algo (script.lua's codes),
---   cost, window (ms), region (algo 6) or policy id (algo 1, 2, 3, 5),
---   and the five refund values
+--   cost, window (ms), region (algo 6), and the five refund values
 --   script.lua returned.
 -- Returns the number of ops whose consumption was found and given back.
 local nowus
@@ -20,24 +16,7 @@ else
   nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local call, tonumber, fmt, floor = redis.call, tonumber, string.format, math.floor
-local unpack, pack, sub = struct.unpack, struct.pack, string.sub
 local NANO, P48 = 1000000000, 281474976710656
-local ESIZE = {12, 12, 13, false, 20}
-
--- The entry of (algo, id) in the subject state v (script.lua: subject
--- states): where it starts, where its state starts and where it ends; nil
--- when v has none.
-local function entry(v, algo, id)
-  local pos, len = 1, #v
-  while pos <= len do
-    local a, i, _, p = unpack('>BBc0I6', v, pos)
-    local size = ESIZE[a]
-    if not size then return nil end
-    if a == algo and i == id then return pos, p, p + size - 1 end
-    pos = p + size
-  end
-  return nil
-end
 local thenus = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local done = 0
@@ -53,36 +32,21 @@ for i = 1, n do
   local rd = tonumber(ARGV[base + 8])
   local re = tonumber(ARGV[base + 9])
   local key = KEYS[i]
-  -- The op's entry: v the subject's state, from..to the entry, p its state.
-  local v, from, p, to
-  if algo ~= 4 and algo ~= 6 then
-    v = call('GET', key)
-    if v then from, p, to = entry(v, algo, region) end
-  end
-  -- setstate(st): the entry's state becomes st (same TTL); delentry():
-  -- the entry goes (the key with it when it was the last).
-  local function setstate(st)
-    call('SET', key, sub(v, 1, p - 1) .. st .. sub(v, to + 1), 'KEEPTTL')
-  end
-  local function delentry()
-    local rest = sub(v, 1, from - 1) .. sub(v, to + 1)
-    if rest == '' then call('DEL', key) else call('SET', key, rest, 'KEEPTTL') end
-  end
   if algo == 1 or algo == 2 then
     -- ra, rb: the 12 bytes the request wrote, as two 6-byte numbers
     -- (script.lua); rc: the rate then (milli-tokens/s, nano-tokens/µs);
     -- rd, re: the state it overwrote (rd -1: none, -2: not 12 bytes).
-    if from then
-      local h, l = unpack('>I6I6', v, p)
+    local v = call('GET', key)
+    if v and #v == 12 then
+      local h, l = struct.unpack('>I6I6', v)
       local back = cost * NANO
       if h == ra and l == rb and rd == -1 then
-        -- Untouched, and there was no state before: none again (a state
-        -- of the layout before, if any, is read again: script.lua).
-        delentry()
+        -- Untouched, and there was no state before: none again.
+        call('DEL', key)
         done, back = done + 1, 0
       elseif h == ra and l == rb and rd >= 0 then
         -- Untouched: the state before, byte for byte.
-        setstate(pack('>I6I6', rd, re))
+        call('SET', key, struct.pack('>I6I6', rd, re), 'KEEPTTL')
         done, back = done + 1, 0
       elseif h ~= ra or l ~= rb then
         -- Others wrote since: the refill that their admissions saw while
@@ -98,17 +62,19 @@ for i = 1, n do
         -- Add back to the tokens of the state as it stands (same ms).
         local u = (h % 16) * P48 + l + back
         local hi = floor(u / P48)
-        setstate(pack('>I6I6', floor(h / 16) * 16 + hi, u - hi * P48))
+        call('SET', key, struct.pack('>I6I6', floor(h / 16) * 16 + hi, u - hi * P48), 'KEEPTTL')
         done = done + 1
       end
     end
   elseif algo == 3 then
-    if from then
-      local a, b = unpack('>I6I7', v, p)
+    local v = call('GET', key)
+    if v then
+      local p = string.find(v, ':', 1, true)
+      local a, b = tonumber(string.sub(v, 1, p - 1)), tonumber(string.sub(v, p + 1))
       if a == ra then
         b = b - cost
         if b < 0 then b = 0 end
-        setstate(pack('>I6I7', a, b))
+        call('SET', key, fmt('%d:%d', a, b), 'KEEPTTL')
         done = done + 1
       end
     end
@@ -126,8 +92,11 @@ for i = 1, n do
       done = done + 1
     end
   elseif algo == 5 then
-    if from then
-      local a, b, c = unpack('>I6I7I7', v, p)
+    local v = call('GET', key)
+    if v then
+      local p1 = string.find(v, ':', 1, true)
+      local p2 = string.find(v, ':', p1 + 1, true)
+      local a, b, c = tonumber(string.sub(v, 1, p1 - 1)), tonumber(string.sub(v, p1 + 1, p2 - 1)), tonumber(string.sub(v, p2 + 1))
       local hit = false
       if a == ra then
         b, hit = b - cost, true
@@ -137,7 +106,7 @@ for i = 1, n do
         if c < 0 then c = 0 end
       end
       if hit then
-        setstate(pack('>I6I7I7', a, b, c))
+        call('SET', key, fmt('%d:%d:%d', a, b, c), 'KEEPTTL')
         done = done + 1
       end
     end
