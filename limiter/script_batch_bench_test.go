@@ -61,3 +61,49 @@ func BenchmarkScriptBatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScriptBatchPair is BenchmarkScriptBatch for the shape of
+// BenchmarkCompareRedisRate: one subject per request with a token bucket
+// and a daily fixed window (benchPolicies), every request admitted, the
+// subjects' states already present. Its redis_µs/decision at 32 requests
+// a call is what Redis spends per decision in a full batch, without the
+// pipeline or go-redis around it.
+func BenchmarkScriptBatchPair(b *testing.B) {
+	client := benchClient(b)
+	rs := NewRedisStore(client)
+	ps := benchPolicies(b)
+	l, err := New(Config{Store: rs}, ps)
+	require.NoError(b, err)
+	ctx := context.Background()
+	for _, n := range []int{1, 8, 32} {
+		b.Run(fmt.Sprintf("requests=%d", n), func(b *testing.B) {
+			args := make([]any, n)
+			var route string
+			for i := range n {
+				subj := Subject{Kind: SubjectAPIKey, Value: "k_8f2a4c1d9e7b6a5f3c2d1e0f9a8b" + strconv.Itoa(1000+i)}
+				var rk reqKeys
+				buf, err := rs.appendRequest(nil, l.Now(), []Subject{subj, subj}, []op{l.opFor(ps[0], 1), l.opFor(ps[1], 1)}, false, &rk)
+				require.NoError(b, err)
+				args[i] = string(buf)
+				if i == 0 {
+					route = args[i].(string)[rk.route[0]:rk.route[1]]
+				}
+			}
+			require.NoError(b, evalScript.Run(ctx, client, []string{route}, args...).Err())
+			require.NoError(b, client.ConfigResetStat(ctx).Err())
+			b.ResetTimer()
+			for range b.N {
+				require.NoError(b, evalScript.EvalSha(ctx, client, []string{route}, args...).Err())
+			}
+			b.StopTimer()
+			info, err := client.Info(ctx, "commandstats").Result()
+			require.NoError(b, err)
+			m := regexp.MustCompile(`cmdstat_evalsha:calls=(\d+),usec=(\d+)`).FindStringSubmatch(info)
+			require.NotNil(b, m, info)
+			calls, _ := strconv.ParseFloat(m[1], 64)
+			usec, _ := strconv.ParseFloat(m[2], 64)
+			b.ReportMetric(usec/calls, "redis_µs/call")
+			b.ReportMetric(usec/calls/float64(n), "redis_µs/decision")
+		})
+	}
+}
