@@ -84,6 +84,10 @@ type transferKey struct {
 	askedAt  time.Time    // last ask for the key (zero: never)
 	gaveTo   int          // region index the key was last given to (-1: none)
 	gaveAt   time.Time    // when (answers a duplicated ask only once)
+	// The last pressure seen for the key (Core.Pressure): demand, milli
+	// per second, and when.
+	pressure   int64
+	pressureAt time.Time
 }
 
 type giveID struct {
@@ -123,12 +127,20 @@ func (c *Core) transferring() bool {
 	return c.cfg.Transfers && c.started && c.ownReport && !c.fallback && !c.warm(c.published)
 }
 
-// afterTransfers is the decision hook: next, decided from the published
-// claim of the current period, minus what was given and plus what was
-// accepted since that report (nothing accepted in fallback), floored at
-// 0, at most the limit, and never mixed (the dimension above the default
-// is lowered to it).
-func (c *Core) afterTransfers(k Key, lim shares.Limit, next shares.Share, fallback bool) shares.Share {
+// afterTransfers is the decision hook. Unless in fallback, a key under
+// pressure recently (see pressed) keeps at least min(claim, its recent
+// demand * headroom) (per dimension; burst demand scaled from L to B):
+// a region may always keep up to its claim, and the smoothed demand lags a
+// shift by epochs. Then: minus what was given and plus what was accepted
+// since the report of the period (nothing accepted in fallback), floored
+// at 0, at most the limit, and never mixed (the dimension above the
+// default is lowered to it).
+func (c *Core) afterTransfers(k Key, lim shares.Limit, next, claim shares.Share, fallback bool, now time.Time) shares.Share {
+	if p, ok := c.pressed(k, now); ok && !fallback {
+		h := shares.MulDiv(min(p, lim.RateMilli), c.cfg.Shares.HeadroomPermille, 1000)
+		keep := shares.Share{RateMilli: min(claim.RateMilli, h), BurstMilli: min(claim.BurstMilli, shares.MulDiv(h, lim.BurstMilli, lim.RateMilli))}
+		next = lowerUnmix(shares.Share{RateMilli: max(next.RateMilli, keep.RateMilli), BurstMilli: max(next.BurstMilli, keep.BurstMilli)}, lim)
+	}
 	x := c.xcurrent(k)
 	if x == nil {
 		return next
@@ -143,14 +155,37 @@ func (c *Core) afterTransfers(k Key, lim shares.Limit, next shares.Share, fallba
 	return lowerUnmix(out, lim)
 }
 
+// pressed returns key's last pressure demand (milli per second) when it
+// was seen within two AskIntervals of now.
+func (c *Core) pressed(k Key, now time.Time) (int64, bool) {
+	x := c.tr.keys[k]
+	if x == nil || x.pressureAt.IsZero() || now.Sub(x.pressureAt) > 2*c.cfg.AskInterval || now.Before(x.pressureAt) {
+		return 0, false
+	}
+	return x.pressure, true
+}
+
+// keepRate is the collection hook for shares.Config.Keep: the epoch's
+// demand rate, or the key's recent pressure when higher (the epoch's
+// average lags a rise within it; keeping more than Keep would is always
+// safe, the report claims it).
+func (c *Core) keepRate(k Key, rate int64, now time.Time) int64 {
+	if p, ok := c.pressed(k, now); ok {
+		return max(rate, p)
+	}
+	return rate
+}
+
 // collectedTransfers is the collection hook (after the report of
 // c.published is built): the sums start over with the new period, and
 // gives whose T is this epoch or older can no longer be accepted, so
 // their IDs are forgotten.
-func (c *Core) collectedTransfers() {
+func (c *Core) collectedTransfers(now time.Time) {
 	for k, x := range c.tr.keys {
 		if x.period < c.published && (x.askedAt.IsZero() || x.period < c.published-1) {
-			delete(c.tr.keys, k)
+			if _, ok := c.pressed(k, now); !ok {
+				delete(c.tr.keys, k)
+			}
 		}
 	}
 	for id, t := range c.tr.seen {
@@ -224,6 +259,8 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 		if !ok {
 			continue
 		}
+		px := c.xkey(p.Key)
+		px.pressure, px.pressureAt = p.DemandMilli, now
 		share := lim.Default()
 		if st := c.keys[p.Key]; st != nil && st.known && !(st.synced && !st.record) {
 			share = st.share
