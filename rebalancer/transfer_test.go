@@ -310,8 +310,16 @@ func TestNoCascades(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, g)
 	assert.Empty(t, ups)
-	// a gave hot this period: it does not ask for it back.
+	// a gave hot this period: it does not ask for it back, nor accept
+	// any of it.
 	assert.Nil(t, p.a.Pressure(now.Add(2*time.Second), []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	before := share(p.a, hot)
+	back := &Give{From: "b", To: "a", ID: 7, Transfer: p.m + 1, Keys: []GiveKey{{Key: hot, Amount: shares.Share{RateMilli: 1000, BurstMilli: 2000}}}}
+	ups, err = p.a.ReceiveGive(now, back)
+	require.NoError(t, err)
+	assert.Empty(t, ups)
+	assert.Equal(t, before, share(p.a, hot))
+	assert.Equal(t, int64(1), p.a.Stats().RefusedKeys)
 	// The next period both may again.
 	p.step(0, 0)
 	assert.NotNil(t, p.a.Pressure(p.now(), []Pressure{{Key: hot, DemandMilli: 100_000}}))
