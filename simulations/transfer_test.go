@@ -133,3 +133,77 @@ func TestShiftReaches90PercentWithin3s(t *testing.T) {
 	}
 	t.Logf("admitted by the new region, seconds 299..%d: %v", from+3, adm[299:from+4])
 }
+
+// TestTransferCostOnTheSuite counts, per scenario of the standard suite,
+// the asks and gives published and the keys they carry, next to the
+// reports' key lines (one per reported key and epoch), and checks the ask
+// bound: a key is asked for at most twice per report period and region
+// unless a gift for it was accepted (so at most 2 + gives per key, region
+// and epoch in all).
+func TestTransferCostOnTheSuite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the whole suite")
+	}
+	for _, name := range []string{"abrupt-shift", "follow-the-sun", "flash-crowd", "coordinator-down", "zipf-many-keys", "five-regions-lossy", "partition"} {
+		data, err := os.ReadFile("scenarios/" + name + ".json")
+		require.NoError(t, err)
+		sc, err := ParseScenario(data)
+		require.NoError(t, err)
+		w := &watcher{start: DefaultStart, skew: sc.ClockSkewMs, region: -1, after: -time.Hour} // the head start too
+		c := &reportCounter{}
+		_, err = Run(context.Background(), sc, Options{NewCoordinator: c.wrap(w.wrap(NewRebalancerCoordinator(rebalancer.DefaultConfig())))})
+		require.NoError(t, err)
+		epochs := (sc.DurationSec + HeadStartEpochs*sc.EpochSec) / sc.EpochSec
+		t.Logf("%-18s asks %5d (%6d keys), gives %4d (%5d keys); report key lines %8d; transfer keys per report key line %.4f",
+			name, w.asks, w.askKeys, w.gives, w.giveKeys, c.lines, float64(w.askKeys+w.giveKeys)/float64(max(c.lines, 1)))
+		assert.LessOrEqual(t, int64(w.askKeys), 2*int64(len(sc.Regions))*int64(c.keys)*epochs+int64(w.giveKeys)*int64(len(sc.Regions)), name)
+	}
+}
+
+// reportCounter counts the key lines of published reports, and the keys.
+type reportCounter struct {
+	lines int
+	keys  int
+	seen  map[rebalancer.Key]bool
+}
+
+func (r *reportCounter) wrap(next NewCoordinator) NewCoordinator {
+	return func(info RegionInfo) (Coordinator, error) {
+		c, err := next(info)
+		if err != nil {
+			return nil, err
+		}
+		return &countReports{Coordinator: c, r: r}, nil
+	}
+}
+
+type countReports struct {
+	Coordinator
+	r *reportCounter
+}
+
+func (c *countReports) count(res TickResult) TickResult {
+	for _, p := range res.Publish {
+		if rep, ok := p.(*rebalancer.Report); ok {
+			c.r.lines += len(rep.Keys)
+			if c.r.seen == nil {
+				c.r.seen = map[rebalancer.Key]bool{}
+			}
+			for _, k := range rep.Keys {
+				if !c.r.seen[k.Key] {
+					c.r.seen[k.Key] = true
+					c.r.keys++
+				}
+			}
+		}
+	}
+	return res
+}
+
+func (c *countReports) Tick(now time.Time, boundary bool, usage []Usage) TickResult {
+	return c.count(c.Coordinator.Tick(now, boundary, usage))
+}
+
+func (c *countReports) Receive(now time.Time, msg Message) TickResult {
+	return c.count(c.Coordinator.Receive(now, msg))
+}
