@@ -437,6 +437,11 @@ func TestAsksPerPeriodAreBounded(t *testing.T) {
 		}
 		return n
 	}
+	// Not twice within AskInterval.
+	now := p.now().Add(-time.Second)
+	require.NotNil(t, p.b.Pressure(now, []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	assert.Nil(t, p.b.Pressure(now.Add(500*time.Millisecond), []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	p.b.xkey(hot).unanswered = 0 // (start the count below afresh)
 	// Nobody answers: three asks in the period (one lost ask is asked
 	// again), then two per period.
 	assert.Equal(t, 3, asks())
