@@ -137,7 +137,7 @@ type Stats struct {
 	Gives         int64 // gives returned by ReceiveAsk
 	GivenKeys     int64 // keys in those gives
 	Accepted      int64 // gives accepted by ReceiveGive (some key raised)
-	Refused       int64 // gives refused whole (not to us, fallback, warm-up, wrong T, duplicate)
+	Refused       int64 // gives to this region refused whole (fallback, warm-up, wrong T, duplicate)
 	RefusedKeys   int64 // keys of accepted gives refused (cascade, mixed side, unknown policy)
 	DroppedAmount int64 // gives' rate (milli/s) not raised by receivers: refused or dropped parts
 }
