@@ -47,6 +47,7 @@ type Core struct {
 	remote []remote // by region index; remote[self] unused
 	stats  Stats
 	in     []shares.RegionInput // scratch, one per region
+	tr     transfers            // asks and gives (transfer.go)
 
 	// Lookup caches (performance only; see find and limit).
 	stored int64 // stored reports so far: the last one's id
@@ -130,6 +131,15 @@ type Stats struct {
 	// (CollectIncomplete): smoothed demand never lowered, shares held at
 	// collection.
 	IncompleteUsage int64
+	// Transfers between decisions (see Config.Transfers).
+	Asks          int64 // asks returned by Pressure
+	AskedKeys     int64 // keys in those asks
+	Gives         int64 // gives returned by ReceiveAsk
+	GivenKeys     int64 // keys in those gives
+	Accepted      int64 // gives accepted by ReceiveGive (some key raised)
+	Refused       int64 // gives to this region refused whole (fallback, warm-up, wrong T, duplicate)
+	RefusedKeys   int64 // keys of accepted gives refused (cascade, mixed side, unknown policy)
+	DroppedAmount int64 // gives' rate (milli/s) not raised by receivers: refused or dropped parts
 }
 
 // Published is what Collect returns.
@@ -399,7 +409,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		// it at their decision of this very epoch. Never during warm-up
 		// (see decide).
 		if !warm && c.cfg.ShrinkAtCollect && kind == usageExact {
-			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), rate); err == nil && kept != st.share && kept != clamp(st.share, lim) {
+			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), c.keepRate(k, rate, now)); err == nil && kept != st.share && kept != clamp(st.share, lim) {
 				out.Updates = append(out.Updates, c.record(k, st, lim, kept, m))
 				st.share = kept
 				c.stats.Kept++
@@ -432,6 +442,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		c.stats.IncompleteUsage++
 	}
 	c.published, c.pending, c.ownReport = m, true, rep != nil
+	c.collectedTransfers(now)
 	out.Report = rep
 	return out, nil
 }
@@ -684,6 +695,9 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			// Never above the current share (nor the claim).
 			next = shares.Share{RateMilli: min(in[c.self].Claim.RateMilli, st.share.RateMilli), BurstMilli: min(in[c.self].Claim.BurstMilli, st.share.BurstMilli)}
 		}
+		// What was given and accepted since the report of m (see
+		// "Transfers between decisions" in the package doc).
+		next = c.afterTransfers(key, lim, next, in[c.self].Claim, d.Mode == shares.Fallback, now)
 		if !c.again {
 			st.want = shares.Share{} // (kept for a second decision)
 		}
