@@ -66,6 +66,21 @@ type Config struct {
 	// and the simulator's do); with a driver that ignores them the enforced
 	// sum could exceed L. DefaultConfig sets it; the zero Config does not.
 	ShrinkAtCollect bool
+	// Transfers turns on asks and gives between decisions (see the
+	// package doc, "Transfers between decisions"): with it off, Pressure
+	// returns nil, ReceiveAsk gives nothing and ReceiveGive refuses every
+	// gift. Only a driver that writes ReceiveAsk's updates before it
+	// publishes the Give, and ReceiveGive's before its next report, may
+	// set it. DefaultConfig sets it; the zero Config does not.
+	Transfers bool
+	// AskInterval is the shortest time between two asks for the same key:
+	// a lost ask is asked again after it. 0 < AskInterval <= Epoch;
+	// default 1 s (the gateways' usage flush interval).
+	AskInterval time.Duration
+	// AskThresholdPermille is the smallest need worth an ask, and the
+	// smallest amount worth a give, in permille of the key's limit L
+	// (rate; burst in proportion). 1..1000; default 20 (2% of L).
+	AskThresholdPermille int64
 	// Shares tunes the share computation; see package shares.
 	Shares shares.Config
 }
@@ -91,6 +106,9 @@ func DefaultConfig() Config {
 		IdleTTLEpochs:         360,
 		WarmupEpochs:          6,
 		ShrinkAtCollect:       true,
+		Transfers:             true,
+		AskInterval:           time.Second,
+		AskThresholdPermille:  20,
 		Shares:                shares.DefaultConfig(),
 	}
 }
@@ -120,6 +138,12 @@ func (c *Config) Validate() error {
 	if c.WarmupEpochs == 0 {
 		c.WarmupEpochs = c.SilenceEpochs + 1
 	}
+	if c.AskInterval == 0 {
+		c.AskInterval = min(def.AskInterval, c.Epoch)
+	}
+	if c.AskThresholdPermille == 0 {
+		c.AskThresholdPermille = def.AskThresholdPermille
+	}
 	switch {
 	case c.Region == "":
 		return fmt.Errorf("%w: Region is empty", ErrConfig)
@@ -141,6 +165,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: IdleTTLEpochs %d < 2*(SilenceEpochs+2) = %d", ErrConfig, c.IdleTTLEpochs, 2*(c.SilenceEpochs+2))
 	case c.WarmupEpochs < c.SilenceEpochs+1:
 		return fmt.Errorf("%w: WarmupEpochs %d < SilenceEpochs+1 = %d", ErrConfig, c.WarmupEpochs, c.SilenceEpochs+1)
+	case c.AskInterval < 0 || c.AskInterval > c.Epoch:
+		return fmt.Errorf("%w: AskInterval %v not in (0, Epoch = %v]", ErrConfig, c.AskInterval, c.Epoch)
+	case c.AskThresholdPermille < 1 || c.AskThresholdPermille > 1000:
+		return fmt.Errorf("%w: AskThresholdPermille %d not in 1..1000", ErrConfig, c.AskThresholdPermille)
 	}
 	seen := make(map[string]bool, len(c.Regions))
 	for _, r := range c.Regions {

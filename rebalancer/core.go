@@ -130,6 +130,15 @@ type Stats struct {
 	// (CollectIncomplete): smoothed demand never lowered, shares held at
 	// collection.
 	IncompleteUsage int64
+	// Transfers between decisions (see Config.Transfers).
+	Asks          int64 // asks returned by Pressure
+	AskedKeys     int64 // keys in those asks
+	Gives         int64 // gives returned by ReceiveAsk
+	GivenKeys     int64 // keys in those gives
+	Accepted      int64 // gives accepted by ReceiveGive (some key raised)
+	Refused       int64 // gives refused whole (not to us, fallback, warm-up, wrong T, duplicate)
+	RefusedKeys   int64 // keys of accepted gives refused (cascade, mixed side, unknown policy)
+	DroppedAmount int64 // gives' rate (milli/s) not raised by receivers: refused or dropped parts
 }
 
 // Published is what Collect returns.
