@@ -58,6 +58,9 @@ const (
 	// GiveReceived: a give to this region was accepted (Accepted) or
 	// refused.
 	GiveReceived
+	// PressureFailed: the pressure marks could not be read (Err); nothing
+	// was asked.
+	PressureFailed
 )
 
 // String returns the kind's name.
@@ -71,6 +74,8 @@ func (k TransferKind) String() string {
 		return "give_sent"
 	case GiveReceived:
 		return "give_received"
+	case PressureFailed:
+		return "pressure_failed"
 	}
 	return "unknown"
 }
@@ -221,7 +226,7 @@ func (d *Driver) pressure(ctx context.Context, now time.Time) {
 	cancel()
 	if err != nil {
 		d.log.Warn("rebalancer: pressure read failed", "err", err)
-		d.setStatus(func(s *Status) { s.Transfers.LastError = err })
+		d.observeTransfer(TransferInfo{Kind: PressureFailed, Err: err})
 		return
 	}
 	d.setStatus(func(s *Status) { s.Transfers.LastPressure, s.Transfers.PressureKeys = now, len(ps) })
