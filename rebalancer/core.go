@@ -47,6 +47,7 @@ type Core struct {
 	remote []remote // by region index; remote[self] unused
 	stats  Stats
 	in     []shares.RegionInput // scratch, one per region
+	tr     transfers            // asks and gives (transfer.go)
 
 	// Lookup caches (performance only; see find and limit).
 	stored int64 // stored reports so far: the last one's id
@@ -441,6 +442,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		c.stats.IncompleteUsage++
 	}
 	c.published, c.pending, c.ownReport = m, true, rep != nil
+	c.collectedTransfers()
 	out.Report = rep
 	return out, nil
 }
@@ -693,6 +695,9 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			// Never above the current share (nor the claim).
 			next = shares.Share{RateMilli: min(in[c.self].Claim.RateMilli, st.share.RateMilli), BurstMilli: min(in[c.self].Claim.BurstMilli, st.share.BurstMilli)}
 		}
+		// What was given and accepted since the report of m (see
+		// "Transfers between decisions" in the package doc).
+		next = c.afterTransfers(key, lim, next, d.Mode == shares.Fallback)
 		if !c.again {
 			st.want = shares.Share{} // (kept for a second decision)
 		}

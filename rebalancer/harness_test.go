@@ -83,6 +83,10 @@ type cluster struct {
 	// for the default share and the check); see overrideLookup.
 	lookup  Policies
 	limitAt func(k Key, t time.Time) shares.Limit
+	// xfer, when set, runs asks and gives between the decisions: several
+	// transfer ticks per epoch, before, among and after the decisions
+	// (see transfer_property_test.go).
+	xfer *xferNet
 }
 
 func newCluster(t testing.TB, r *rand.Rand, names []string, cfg Config, policies PolicyMap, keys []Key, n net) *cluster {
@@ -269,12 +273,16 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 	if c.afterCollect != nil {
 		c.afterCollect(e)
 	}
+	if c.xfer != nil {
+		c.transferTick(end.Add(c.cfg.MaxWait / 4))
+	}
 
 	mid := end.Add(c.cfg.MaxWait / 2)
 	deadline := end.Add(c.cfg.MaxWait)
 	type event struct {
 		deliver *msg
 		decide  int
+		xfer    bool // a transfer tick (c.xfer)
 	}
 	var events, lateEvents []event
 	var keep []msg
@@ -294,6 +302,12 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 	var decides []event
 	for i := range c.regs {
 		decides = append(decides, event{decide: i})
+	}
+	if c.xfer != nil {
+		for range 2 {
+			at := c.r.IntN(len(events) + 1)
+			events = slices.Insert(events, at, event{xfer: true})
+		}
 	}
 	if c.deliverFirst {
 		events = append(events, decides...)
@@ -320,6 +334,10 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 	for _, ev := range events {
 		if ev.deliver != nil {
 			deliver(ev.deliver)
+			continue
+		}
+		if ev.xfer {
+			c.transferTick(mid)
 			continue
 		}
 		h := c.regs[ev.decide]
@@ -354,6 +372,12 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 			c.decide(h, lateAt)
 			require.True(c.t, h.decisions[len(h.decisions)-1].Again)
 		}
+	}
+	if c.xfer != nil {
+		// Between the decisions and the next collection.
+		rest := end.Add(c.cfg.Epoch).Sub(lateAt)
+		c.transferTick(lateAt.Add(rest / 3))
+		c.transferTick(lateAt.Add(2 * rest / 3))
 	}
 }
 

@@ -2,6 +2,8 @@ package rebalancer
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/quotientlabs/quotient/shares"
@@ -67,48 +69,416 @@ type Give struct {
 	Keys     []GiveKey
 }
 
+// transfers is a Core's state for asks and gives.
+type transfers struct {
+	keys   map[Key]*transferKey
+	seen   map[giveID]int64 // gives accepted, by (From, ID): their T (pruned at collection)
+	lastID int64            // the last Give.ID this Core sent
+}
+
+// transferKey is one key's transfers since this region's last report.
+type transferKey struct {
+	period   int64        // the collected epoch the sums below follow (Core.published then)
+	given    shares.Share // given away since the report of period
+	accepted shares.Share // accepted since the report of period
+	askedAt  time.Time    // last ask for the key (zero: never)
+	gaveTo   int          // region index the key was last given to (-1: none)
+	gaveAt   time.Time    // when (answers a duplicated ask only once)
+}
+
+type giveID struct {
+	from string
+	id   int64
+}
+
+// xkey returns key's transfer state, its sums reset when they follow an
+// older period than the current one.
+func (c *Core) xkey(k Key) *transferKey {
+	if c.tr.keys == nil {
+		c.tr.keys = make(map[Key]*transferKey)
+	}
+	x := c.tr.keys[k]
+	if x == nil {
+		x = &transferKey{period: c.published, gaveTo: -1}
+		c.tr.keys[k] = x
+	}
+	if x.period != c.published {
+		x.period, x.given, x.accepted = c.published, shares.Share{}, shares.Share{}
+	}
+	return x
+}
+
+// xcurrent returns key's transfers of the current period, or nil.
+func (c *Core) xcurrent(k Key) *transferKey {
+	if x := c.tr.keys[k]; x != nil && x.period == c.published {
+		return x
+	}
+	return nil
+}
+
+// transferring reports whether this region may ask, give or accept now:
+// transfers on, a report published for the epoch last collected, not in
+// fallback (at the last decision) nor in warm-up.
+func (c *Core) transferring() bool {
+	return c.cfg.Transfers && c.started && c.ownReport && !c.fallback && !c.warm(c.published)
+}
+
+// afterTransfers is the decision hook: next, decided from the published
+// claim of the current period, minus what was given and plus what was
+// accepted since that report (nothing accepted in fallback), floored at
+// 0, at most the limit, and never mixed (the dimension above the default
+// is lowered to it).
+func (c *Core) afterTransfers(k Key, lim shares.Limit, next shares.Share, fallback bool) shares.Share {
+	x := c.xcurrent(k)
+	if x == nil {
+		return next
+	}
+	r := next.RateMilli - x.given.RateMilli
+	b := next.BurstMilli - x.given.BurstMilli
+	if !fallback {
+		r += x.accepted.RateMilli
+		b += x.accepted.BurstMilli
+	}
+	out := shares.Share{RateMilli: min(max(r, 0), lim.RateMilli), BurstMilli: min(max(b, 0), lim.BurstMilli)}
+	return lowerUnmix(out, lim)
+}
+
+// collectedTransfers is the collection hook (after the report of
+// c.published is built): the sums start over with the new period, and
+// gives whose T is this epoch or older can no longer be accepted, so
+// their IDs are forgotten.
+func (c *Core) collectedTransfers() {
+	for k, x := range c.tr.keys {
+		if x.period < c.published && (x.askedAt.IsZero() || x.period < c.published-1) {
+			delete(c.tr.keys, k)
+		}
+	}
+	for id, t := range c.tr.seen {
+		if t <= c.published {
+			delete(c.tr.seen, id)
+		}
+	}
+}
+
+// lowerUnmix lowers the dimension above the default to the default when
+// the other is below it: a share is never mixed.
+func lowerUnmix(s shares.Share, lim shares.Limit) shares.Share {
+	def := lim.Default()
+	switch {
+	case s.RateMilli > def.RateMilli && s.BurstMilli < def.BurstMilli:
+		s.RateMilli = def.RateMilli
+	case s.BurstMilli > def.BurstMilli && s.RateMilli < def.RateMilli:
+		s.BurstMilli = def.BurstMilli
+	}
+	return s
+}
+
+// keyFor returns key's state, created at the default share when the Core
+// has none, and its limit; false when the policy is unknown or invalid.
+func (c *Core) keyFor(k Key, now time.Time) (*keyState, shares.Limit, bool) {
+	lim, ok := c.keyLimit(k, now)
+	if !ok {
+		return nil, lim, false
+	}
+	st := c.keys[k]
+	if st == nil {
+		st = c.newKey(c.published)
+		c.add(Key{PolicyID: c.lcID, Subject: k.Subject}, st)
+	}
+	if !st.known {
+		st.share, st.claim, st.known = lim.Default(), lim.Default(), true
+	} else if st.synced && !st.record {
+		st.share = lim.Default() // no record: the default of the limit in force
+	}
+	return st, lim, true
+}
+
+// threshold is the smallest ask or give of lim, in milli per second.
+func (c *Core) threshold(lim shares.Limit) int64 {
+	return max(1, shares.MulDiv(lim.RateMilli, c.cfg.AskThresholdPermille, 1000))
+}
+
 // Pressure is called by the driver every pressure interval (about a
 // second) with this region's recent demand for the keys under pressure.
 // It returns the Ask to publish, or nil when no key needs more share: a
 // key is asked for when demand*HeadroomPermille/1000 exceeds its share by
 // more than Config.AskThresholdPermille of L, the region is neither in
-// fallback nor in warm-up, the key was not asked for within
-// Config.AskInterval, and this region gave none of it since its last
-// report. Entries with an unknown policy or a negative demand are
-// skipped. Never returns updates: asking changes no share.
+// fallback nor in warm-up and has published a report for its last
+// collected epoch, the key was not asked for within Config.AskInterval,
+// and this region gave none of it since its last report (no cascades).
+// Need is that excess (at most L minus the share), burst in proportion
+// (Need.RateMilli*B/L). Entries with an unknown policy or a negative
+// demand are skipped; the Ask's keys are sorted. Asking changes no share.
 func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
-	return nil
+	if !c.transferring() {
+		return nil
+	}
+	c.lcOn = false
+	defer func() { c.lcOn = false }()
+	var ask *Ask
+	for _, p := range pressure {
+		if p.PolicyID == "" || p.DemandMilli < 0 {
+			continue
+		}
+		lim, ok := c.keyLimit(p.Key, now)
+		if !ok {
+			continue
+		}
+		share := lim.Default()
+		if st := c.keys[p.Key]; st != nil && st.known && !(st.synced && !st.record) {
+			share = st.share
+		}
+		want := min(shares.MulDiv(p.DemandMilli, c.cfg.Shares.HeadroomPermille, 1000), lim.RateMilli)
+		need := want - share.RateMilli
+		if need < c.threshold(lim) {
+			continue
+		}
+		if x := c.tr.keys[p.Key]; x != nil {
+			if !x.askedAt.IsZero() && now.Before(x.askedAt.Add(c.cfg.AskInterval)) {
+				continue
+			}
+			if x.period == c.published && x.given != (shares.Share{}) {
+				continue // gave some of it this period: no cascades
+			}
+		}
+		c.xkey(p.Key).askedAt = now
+		if ask == nil {
+			ask = &Ask{Region: c.cfg.Region, Epoch: c.published}
+		}
+		ask.Keys = append(ask.Keys, AskKey{Key: p.Key, Need: shares.Share{RateMilli: need, BurstMilli: shares.MulDiv(need, lim.BurstMilli, lim.RateMilli)}})
+	}
+	if ask == nil {
+		return nil
+	}
+	slices.SortFunc(ask.Keys, func(a, b AskKey) int { return compareKeys(a.Key, b.Key) })
+	ask.Keys = slices.CompactFunc(ask.Keys, func(a, b AskKey) bool { return a.Key == b.Key })
+	c.stats.Asks++
+	c.stats.AskedKeys += int64(len(ask.Keys))
+	return ask
 }
 
 // ReceiveAsk answers another region's Ask, with own this region's recent
 // demand for the asked keys (as for Pressure; a key absent from own has
-// demand 0). For each key this region has spare share for (its share
-// minus max(own demand*headroom, the floor)), not accepted since its last
-// report, it lowers its share by min(spare, Need) and returns the Updates
-// that write the lowered shares, and the Give to publish; both nil when
-// it gives nothing (in fallback, in warm-up, before its first report, or
-// no spare). The driver MUST write the updates before publishing the
-// Give, and drop the Give when the write fails (the Core has already
-// lowered its shares: the next report claims the lowered share, an upper
-// bound of what is enforced). Errors wrap ErrTransfer (malformed ask, or
-// an ask from an unknown region); nothing changed then. An ask of this
-// region's own is ignored (nil, nil, nil).
+// demand 0: a driver that could not read its usage must not call it).
+// It gives only when the ask follows this region's last collected epoch
+// (Ask.Epoch equal to it: otherwise the asker, in another report period,
+// would refuse the gift) and this region may transfer (as for Pressure).
+// For each key with spare share (share minus max(own demand*headroom, the
+// floor), in rate) of at least the ask threshold, not accepted since its
+// last report, not given to the same asker within AskInterval/2 (a
+// duplicated ask), it lowers its share by min(spare, Need) (burst in
+// proportion; never below the floor; the part that would leave the share
+// above the default in one dimension and below it in the other is kept)
+// and returns the Updates that write the lowered shares, with the Give to
+// publish; both nil when it gives nothing. The driver MUST write the
+// updates before publishing the Give, and drop the Give when the write
+// fails (the Core has already lowered its shares: the next report claims
+// the lowered share, an upper bound of what is enforced). Errors wrap
+// ErrTransfer (malformed ask, unknown region); nothing changed then. An
+// ask of this region's own is ignored (nil, nil, nil).
 func (c *Core) ReceiveAsk(now time.Time, ask *Ask, own []Pressure) ([]Update, *Give, error) {
-	return nil, nil, nil
+	if err := c.checkAsk(ask); err != nil {
+		return nil, nil, err
+	}
+	qi := c.index[ask.Region]
+	if qi == c.self || !c.transferring() || ask.Epoch != c.published {
+		return nil, nil, nil
+	}
+	c.lcOn = false
+	defer func() { c.lcOn = false }()
+	demand := make(map[Key]int64, len(own))
+	for _, p := range own {
+		demand[p.Key] = max(demand[p.Key], p.DemandMilli)
+	}
+	var ups []Update
+	var give *Give
+	for _, ak := range ask.Keys {
+		if x := c.tr.keys[ak.Key]; x != nil {
+			if x.period == c.published && x.accepted != (shares.Share{}) {
+				continue // accepted some of it this period: no cascades
+			}
+			if x.gaveTo == qi && !x.gaveAt.IsZero() && now.Before(x.gaveAt.Add(c.cfg.AskInterval/2)) {
+				continue // a duplicate of an ask already answered
+			}
+		}
+		st, lim, ok := c.keyFor(ak.Key, now)
+		if !ok {
+			continue
+		}
+		def := lim.Default()
+		floor := shares.MulDiv(def.RateMilli, c.cfg.Shares.FloorPermille, 1000)
+		keep := max(shares.MulDiv(demand[ak.Key], c.cfg.Shares.HeadroomPermille, 1000), floor)
+		cur := clamp(st.share, lim)
+		spare := cur.RateMilli - keep
+		if spare < c.threshold(lim) || ak.Need.RateMilli <= 0 {
+			continue
+		}
+		amt := min(spare, ak.Need.RateMilli)
+		burstFloor := min(max(shares.MulDiv(def.BurstMilli, c.cfg.Shares.FloorPermille, 1000), lim.MinCostMilli), def.BurstMilli)
+		next := shares.Share{
+			RateMilli:  cur.RateMilli - amt,
+			BurstMilli: max(cur.BurstMilli-shares.MulDiv(amt, lim.BurstMilli, lim.RateMilli), min(burstFloor, cur.BurstMilli)),
+		}
+		next = raiseUnmix(next, lim)
+		gave := shares.Share{RateMilli: cur.RateMilli - next.RateMilli, BurstMilli: cur.BurstMilli - next.BurstMilli}
+		if gave.RateMilli <= 0 && gave.BurstMilli <= 0 {
+			continue
+		}
+		ups = append(ups, c.record(ak.Key, st, lim, next, c.published))
+		st.share = next
+		x := c.xkey(ak.Key)
+		x.given = shares.Share{RateMilli: x.given.RateMilli + gave.RateMilli, BurstMilli: x.given.BurstMilli + gave.BurstMilli}
+		x.gaveTo, x.gaveAt = qi, now
+		if give == nil {
+			c.tr.lastID = max(c.tr.lastID+1, now.UnixMicro())
+			give = &Give{From: c.cfg.Region, To: ask.Region, ID: c.tr.lastID, Transfer: c.published + 1}
+		}
+		give.Keys = append(give.Keys, GiveKey{Key: ak.Key, Amount: gave})
+	}
+	if give == nil {
+		return nil, nil, nil
+	}
+	c.stats.Gives++
+	c.stats.GivenKeys += int64(len(give.Keys))
+	c.stats.Updates += int64(len(ups))
+	return ups, give, nil
+}
+
+// raiseUnmix raises the dimension below the default to the default when
+// the other is above it (a giver keeps that part).
+func raiseUnmix(s shares.Share, lim shares.Limit) shares.Share {
+	def := lim.Default()
+	switch {
+	case s.RateMilli > def.RateMilli && s.BurstMilli < def.BurstMilli:
+		s.BurstMilli = def.BurstMilli
+	case s.BurstMilli > def.BurstMilli && s.RateMilli < def.RateMilli:
+		s.RateMilli = def.RateMilli
+	}
+	return s
 }
 
 // ReceiveGive applies a Give addressed to this region: it raises this
-// region's share of each key by the amount (minus whatever part would put
-// the share above the default in one dimension and below it in the
-// other) and returns the Updates to write. It refuses the whole gift
-// (nil, nil) when To is not this region, when it is in fallback or
-// warm-up, when (From, ID) was accepted before, or when this region's
-// last collected report is not of epoch Transfer-1; a refused gift is
-// lost (the giver's next report no longer claims it, so the next decision
-// hands it out again). Per key it also refuses a key given since its last
-// report (no cascades). If the write fails, the driver must not publish
-// the next report until the updates are written, as for a decision's.
-// Errors wrap ErrTransfer (malformed give); nothing changed then.
+// region's share of each key by the amount, at most to the limit, minus
+// whatever part would put the share above the default in one dimension
+// and below it in the other, and returns the Updates to write. A give to
+// another region is ignored (nil, nil). It refuses the whole gift (nil,
+// nil; Stats.Refused) when this region may not transfer (transfers off,
+// fallback, warm-up, no report published for its last collected epoch),
+// when (From, ID) was accepted before, or when its last collected epoch
+// is not Transfer-1; a refused gift is lost (the giver's next report no
+// longer claims it, so the next decision hands it out again). It refuses
+// a key it gave some of since its last report (no cascades), and one
+// whose policy is unknown (Stats.RefusedKeys). If the write fails, the
+// driver must not publish the next report until the updates are written,
+// as for a decision's. Errors wrap ErrTransfer (malformed give); nothing
+// changed then.
 func (c *Core) ReceiveGive(now time.Time, g *Give) ([]Update, error) {
-	return nil, nil
+	if err := c.checkGive(g); err != nil {
+		return nil, err
+	}
+	if g.To != c.cfg.Region {
+		return nil, nil
+	}
+	id := giveID{from: g.From, id: g.ID}
+	_, dup := c.tr.seen[id]
+	if !c.transferring() || dup || g.Transfer != c.published+1 {
+		c.stats.Refused++
+		for _, gk := range g.Keys {
+			c.stats.DroppedAmount = satAdd(c.stats.DroppedAmount, gk.Amount.RateMilli)
+		}
+		return nil, nil
+	}
+	if c.tr.seen == nil {
+		c.tr.seen = make(map[giveID]int64)
+	}
+	c.tr.seen[id] = g.Transfer
+	c.lcOn = false
+	defer func() { c.lcOn = false }()
+	var ups []Update
+	for _, gk := range g.Keys {
+		if x := c.xcurrent(gk.Key); x != nil && x.given != (shares.Share{}) {
+			c.stats.RefusedKeys++
+			c.stats.DroppedAmount = satAdd(c.stats.DroppedAmount, gk.Amount.RateMilli)
+			continue
+		}
+		st, lim, ok := c.keyFor(gk.Key, now)
+		if !ok {
+			c.stats.RefusedKeys++
+			c.stats.DroppedAmount = satAdd(c.stats.DroppedAmount, gk.Amount.RateMilli)
+			continue
+		}
+		cur := clamp(st.share, lim)
+		next := shares.Share{
+			RateMilli:  min(satAdd(cur.RateMilli, gk.Amount.RateMilli), lim.RateMilli),
+			BurstMilli: min(satAdd(cur.BurstMilli, gk.Amount.BurstMilli), lim.BurstMilli),
+		}
+		next = lowerUnmix(next, lim)
+		got := shares.Share{RateMilli: next.RateMilli - cur.RateMilli, BurstMilli: next.BurstMilli - cur.BurstMilli}
+		c.stats.DroppedAmount = satAdd(c.stats.DroppedAmount, gk.Amount.RateMilli-got.RateMilli)
+		if got == (shares.Share{}) {
+			c.stats.RefusedKeys++
+			continue
+		}
+		ups = append(ups, c.record(gk.Key, st, lim, next, c.published))
+		st.share = next
+		x := c.xkey(gk.Key)
+		x.accepted = shares.Share{RateMilli: x.accepted.RateMilli + got.RateMilli, BurstMilli: x.accepted.BurstMilli + got.BurstMilli}
+	}
+	if len(ups) > 0 {
+		c.stats.Accepted++
+	}
+	c.stats.Updates += int64(len(ups))
+	return ups, nil
+}
+
+// checkAsk validates an Ask; the error wraps ErrTransfer.
+func (c *Core) checkAsk(a *Ask) error {
+	if a == nil {
+		return fmt.Errorf("%w: nil ask", ErrTransfer)
+	}
+	if _, ok := c.index[a.Region]; !ok {
+		return fmt.Errorf("%w: ask: Region %q is not one of %v", ErrTransfer, a.Region, c.regions)
+	}
+	seen := make(map[Key]bool, len(a.Keys))
+	for i, k := range a.Keys {
+		switch {
+		case k.PolicyID == "":
+			return fmt.Errorf("%w: ask from %s: key %d: PolicyID is empty", ErrTransfer, a.Region, i)
+		case k.Need.RateMilli < 0 || k.Need.BurstMilli < 0:
+			return fmt.Errorf("%w: ask from %s: key %s/%s: negative Need %+v", ErrTransfer, a.Region, k.PolicyID, k.Subject, k.Need)
+		case seen[k.Key]:
+			return fmt.Errorf("%w: ask from %s: key %s/%s twice", ErrTransfer, a.Region, k.PolicyID, k.Subject)
+		}
+		seen[k.Key] = true
+	}
+	return nil
+}
+
+// checkGive validates a Give; the error wraps ErrTransfer.
+func (c *Core) checkGive(g *Give) error {
+	if g == nil {
+		return fmt.Errorf("%w: nil give", ErrTransfer)
+	}
+	if _, ok := c.index[g.From]; !ok {
+		return fmt.Errorf("%w: give: From %q is not one of %v", ErrTransfer, g.From, c.regions)
+	}
+	if _, ok := c.index[g.To]; !ok {
+		return fmt.Errorf("%w: give from %s: To %q is not one of %v", ErrTransfer, g.From, g.To, c.regions)
+	}
+	if g.From == g.To {
+		return fmt.Errorf("%w: give from %s to itself", ErrTransfer, g.From)
+	}
+	seen := make(map[Key]bool, len(g.Keys))
+	for i, k := range g.Keys {
+		switch {
+		case k.PolicyID == "":
+			return fmt.Errorf("%w: give %s->%s id %d: key %d: PolicyID is empty", ErrTransfer, g.From, g.To, g.ID, i)
+		case k.Amount.RateMilli < 0 || k.Amount.BurstMilli < 0:
+			return fmt.Errorf("%w: give %s->%s id %d: key %s/%s: negative Amount %+v", ErrTransfer, g.From, g.To, g.ID, k.PolicyID, k.Subject, k.Amount)
+		case seen[k.Key]:
+			return fmt.Errorf("%w: give %s->%s id %d: key %s/%s twice", ErrTransfer, g.From, g.To, g.ID, k.PolicyID, k.Subject)
+		}
+		seen[k.Key] = true
+	}
+	return nil
 }
