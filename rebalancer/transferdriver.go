@@ -139,20 +139,20 @@ type transferIn struct {
 	give *Give
 }
 
-// transfers is the Run loop's transfer state; the zero value (in is nil)
+// transferLoop is the Run loop's transfer state; the zero value (in is nil)
 // means no transfers.
-type transfers struct {
+type transferLoop struct {
 	in   chan transferIn
 	next time.Time // the next pressure read
 }
 
 // startTransfers starts the transfer receiver in wg when the driver has
 // transfers configured.
-func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transfers {
+func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transferLoop {
 	if d.cfg.Transfers == nil || d.cfg.Pressure == nil {
-		return transfers{}
+		return transferLoop{}
 	}
-	tr := transfers{in: make(chan transferIn, 64), next: d.clock.Now().Add(d.cfg.PressureInterval)}
+	tr := transferLoop{in: make(chan transferIn, 64), next: d.clock.Now().Add(d.cfg.PressureInterval)}
 	d.setStatus(func(s *Status) { s.Transfers.Enabled = true })
 	wg.Go(func() {
 		for {
