@@ -118,10 +118,12 @@ func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalan
 }
 
 // Demand implements rebalancer.PressureSource: each key's demand so far in
-// now's epoch, over the time the epoch has run; in the first two seconds
-// of an epoch the previous epoch's demand is added (over its length too),
-// so an epoch's first flushes do not read as a burst or as idle. Keys
-// without usage are missing.
+// now's epoch, over the time the epoch has run (a slight underestimate:
+// the gateways' last flush interval is not in Redis yet); in the first
+// second of an epoch (DemandMinWindow) the previous epoch's demand is
+// added, over its length too, so that an epoch's first flushes do not
+// read as idle (which would give away share still in use). Keys without
+// usage are missing.
 func (p *PressureSource) Demand(ctx context.Context, now time.Time, keys []rebalancer.Key) ([]rebalancer.Pressure, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -133,7 +135,7 @@ func (p *PressureSource) Demand(ctx context.Context, now time.Time, keys []rebal
 	e := rebalancer.EpochOf(now, p.epoch)
 	elapsed := now.Sub(rebalancer.EpochStart(e, p.epoch))
 	epochs := []int64{e}
-	if elapsed < 2*time.Second && elapsed < p.epoch {
+	if elapsed < DemandMinWindow && elapsed < p.epoch {
 		epochs = append(epochs, e-1)
 		elapsed += p.epoch
 	}
@@ -156,6 +158,11 @@ func (p *PressureSource) Demand(ctx context.Context, now time.Time, keys []rebal
 	}
 	return out, nil
 }
+
+// DemandMinWindow is the shortest part of the current epoch that
+// PressureSource.Demand reads alone; before it, the previous epoch counts
+// too. One second: the gateways' default usage flush interval.
+const DemandMinWindow = time.Second
 
 // splitField splits "<policy id>:<subject key>" (policy ids hold no ':').
 func splitField(f string) (rebalancer.Key, bool) {
