@@ -31,8 +31,8 @@ import (
 // at that epoch's decision, after it ends.
 const (
 	xferEpoch   = 5 * time.Second
-	xferRate    = 30.0 // L and B of the policy, per second
-	xferDemand  = 45.0 // requests per second of the one key, all in one region
+	xferRate    = 30.0                      // L and B of the policy, per second
+	xferDemand  = 45.0                      // requests per second of the one key, all in one region
 	xferAfter   = xferEpoch + 2*time.Second // past the decision of the shift's epoch
 	xferShiftIn = 100 * time.Millisecond
 )
