@@ -409,7 +409,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		// it at their decision of this very epoch. Never during warm-up
 		// (see decide).
 		if !warm && c.cfg.ShrinkAtCollect && kind == usageExact {
-			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), rate); err == nil && kept != st.share && kept != clamp(st.share, lim) {
+			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), c.keepRate(k, rate, now)); err == nil && kept != st.share && kept != clamp(st.share, lim) {
 				out.Updates = append(out.Updates, c.record(k, st, lim, kept, m))
 				st.share = kept
 				c.stats.Kept++
@@ -442,7 +442,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		c.stats.IncompleteUsage++
 	}
 	c.published, c.pending, c.ownReport = m, true, rep != nil
-	c.collectedTransfers()
+	c.collectedTransfers(now)
 	out.Report = rep
 	return out, nil
 }
@@ -697,7 +697,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		}
 		// What was given and accepted since the report of m (see
 		// "Transfers between decisions" in the package doc).
-		next = c.afterTransfers(key, lim, next, d.Mode == shares.Fallback)
+		next = c.afterTransfers(key, lim, next, in[c.self].Claim, d.Mode == shares.Fallback, now)
 		if !c.again {
 			st.want = shares.Share{} // (kept for a second decision)
 		}

@@ -3,6 +3,7 @@ package rebalancer
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -84,6 +85,15 @@ type transferKey struct {
 	askedAt  time.Time    // last ask for the key (zero: never)
 	gaveTo   int          // region index the key was last given to (-1: none)
 	gaveAt   time.Time    // when (answers a duplicated ask only once)
+	// The last pressure seen for the key (Core.Pressure): demand, milli
+	// per second, and when.
+	pressure   int64
+	pressureAt time.Time
+	// unanswered counts the asks of the period since a gift for the key
+	// was last accepted (at most two: see Pressure); acceptedIn is the
+	// last period a gift for it was accepted in (-1: none).
+	unanswered int
+	acceptedIn int64
 }
 
 type giveID struct {
@@ -99,11 +109,11 @@ func (c *Core) xkey(k Key) *transferKey {
 	}
 	x := c.tr.keys[k]
 	if x == nil {
-		x = &transferKey{period: c.published, gaveTo: -1}
+		x = &transferKey{period: c.published, gaveTo: -1, acceptedIn: -1}
 		c.tr.keys[k] = x
 	}
 	if x.period != c.published {
-		x.period, x.given, x.accepted = c.published, shares.Share{}, shares.Share{}
+		x.period, x.given, x.accepted, x.unanswered = c.published, shares.Share{}, shares.Share{}, 0
 	}
 	return x
 }
@@ -123,12 +133,24 @@ func (c *Core) transferring() bool {
 	return c.cfg.Transfers && c.started && c.ownReport && !c.fallback && !c.warm(c.published)
 }
 
-// afterTransfers is the decision hook: next, decided from the published
-// claim of the current period, minus what was given and plus what was
-// accepted since that report (nothing accepted in fallback), floored at
-// 0, at most the limit, and never mixed (the dimension above the default
-// is lowered to it).
-func (c *Core) afterTransfers(k Key, lim shares.Limit, next shares.Share, fallback bool) shares.Share {
+// afterTransfers is the decision hook. Unless in fallback, a key that
+// accepted a gift in this period or the one before and is under pressure
+// (see pressed) keeps at least min(claim, its recent demand * headroom)
+// (per dimension; burst demand scaled from L to B): a region may always
+// keep up to its claim, and the smoothed demand lags a shift by epochs, so
+// the decision would take back what the gift gave. (Every key under
+// pressure keeping its claim locked shares in under contention: the
+// regions that hold more than their fair part are all under pressure
+// too.) Then: minus what was given and plus what was accepted
+// since the report of the period (nothing accepted in fallback), floored
+// at 0, at most the limit, and never mixed (the dimension above the
+// default is lowered to it).
+func (c *Core) afterTransfers(k Key, lim shares.Limit, next, claim shares.Share, fallback bool, now time.Time) shares.Share {
+	if p, ok := c.pressed(k, now); ok && !fallback && c.acceptedRecently(k) {
+		h := shares.MulDiv(min(p, lim.RateMilli), c.cfg.Shares.HeadroomPermille, 1000)
+		keep := shares.Share{RateMilli: min(claim.RateMilli, h), BurstMilli: min(claim.BurstMilli, shares.MulDiv(h, lim.BurstMilli, lim.RateMilli))}
+		next = lowerUnmix(shares.Share{RateMilli: max(next.RateMilli, keep.RateMilli), BurstMilli: max(next.BurstMilli, keep.BurstMilli)}, lim)
+	}
 	x := c.xcurrent(k)
 	if x == nil {
 		return next
@@ -143,14 +165,51 @@ func (c *Core) afterTransfers(k Key, lim shares.Limit, next shares.Share, fallba
 	return lowerUnmix(out, lim)
 }
 
+// acceptedRecently reports whether a gift for k was accepted in the
+// current period or the one before.
+func (c *Core) acceptedRecently(k Key) bool {
+	x := c.tr.keys[k]
+	return x != nil && x.acceptedIn >= 0 && x.acceptedIn >= c.published-1
+}
+
+// noise is the margin, in milli per second, of a demand rate seen over
+// one second (the pressure window): two standard deviations of a Poisson
+// count of that many cost units, 2*sqrt(units) units.
+func noise(demandMilli int64) int64 {
+	return 2 * int64(math.Sqrt(float64(demandMilli)*1000))
+}
+
+// pressed returns key's last pressure demand (milli per second) when it
+// was seen within two AskIntervals of now.
+func (c *Core) pressed(k Key, now time.Time) (int64, bool) {
+	x := c.tr.keys[k]
+	if x == nil || x.pressureAt.IsZero() || now.Sub(x.pressureAt) > 2*c.cfg.AskInterval || now.Before(x.pressureAt) {
+		return 0, false
+	}
+	return x.pressure, true
+}
+
+// keepRate is the collection hook for shares.Config.Keep: the epoch's
+// demand rate, or the key's recent pressure when higher (the epoch's
+// average lags a rise within it; keeping more than Keep would is always
+// safe, the report claims it).
+func (c *Core) keepRate(k Key, rate int64, now time.Time) int64 {
+	if p, ok := c.pressed(k, now); ok {
+		return max(rate, p)
+	}
+	return rate
+}
+
 // collectedTransfers is the collection hook (after the report of
 // c.published is built): the sums start over with the new period, and
 // gives whose T is this epoch or older can no longer be accepted, so
 // their IDs are forgotten.
-func (c *Core) collectedTransfers() {
+func (c *Core) collectedTransfers(now time.Time) {
 	for k, x := range c.tr.keys {
 		if x.period < c.published && (x.askedAt.IsZero() || x.period < c.published-1) {
-			delete(c.tr.keys, k)
+			if _, ok := c.pressed(k, now); !ok && !c.acceptedRecently(k) {
+				delete(c.tr.keys, k)
+			}
 		}
 	}
 	for id, t := range c.tr.seen {
@@ -224,11 +283,14 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 		if !ok {
 			continue
 		}
+		px := c.xkey(p.Key)
+		px.pressure, px.pressureAt = p.DemandMilli, now
 		share := lim.Default()
 		if st := c.keys[p.Key]; st != nil && st.known && !(st.synced && !st.record) {
 			share = st.share
 		}
-		want := min(shares.MulDiv(p.DemandMilli, c.cfg.Shares.HeadroomPermille, 1000), lim.RateMilli)
+		lo := max(p.DemandMilli-noise(p.DemandMilli), 0)
+		want := min(shares.MulDiv(lo, c.cfg.Shares.HeadroomPermille, 1000), lim.RateMilli)
 		need := want - share.RateMilli
 		if need < c.threshold(lim) {
 			continue
@@ -240,8 +302,12 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 			if x.period == c.published && x.given != (shares.Share{}) {
 				continue // gave some of it this period: no cascades
 			}
+			if x.period == c.published && x.unanswered >= 2 {
+				continue // asked twice for nothing: wait for the decision
+			}
 		}
-		c.xkey(p.Key).askedAt = now
+		px.askedAt = now
+		px.unanswered++
 		if ask == nil {
 			ask = &Ask{Region: c.cfg.Region, Epoch: c.published}
 		}
@@ -301,13 +367,17 @@ func (c *Core) ReceiveAsk(now time.Time, ask *Ask, own []Pressure) ([]Update, *G
 				continue // a duplicate of an ask already answered
 			}
 		}
+		if _, ok := c.pressed(ak.Key, now); ok {
+			continue // its own gateways reject some of it: no spare
+		}
 		st, lim, ok := c.keyFor(ak.Key, now)
 		if !ok {
 			continue
 		}
 		def := lim.Default()
 		floor := shares.MulDiv(def.RateMilli, c.cfg.Shares.FloorPermille, 1000)
-		keep := max(shares.MulDiv(demand[ak.Key], c.cfg.Shares.HeadroomPermille, 1000), floor)
+		d := demand[ak.Key]
+		keep := max(shares.MulDiv(d+noise(d), c.cfg.Shares.HeadroomPermille, 1000), floor)
 		cur := clamp(st.share, lim)
 		spare := cur.RateMilli - keep
 		if spare < c.threshold(lim) || ak.Need.RateMilli <= 0 {
@@ -423,6 +493,7 @@ func (c *Core) ReceiveGive(now time.Time, g *Give) ([]Update, error) {
 		st.share = next
 		x := c.xkey(gk.Key)
 		x.accepted = shares.Share{RateMilli: x.accepted.RateMilli + got.RateMilli, BurstMilli: x.accepted.BurstMilli + got.BurstMilli}
+		x.acceptedIn, x.unanswered = c.published, 0
 	}
 	if len(ups) > 0 {
 		c.stats.Accepted++

@@ -58,6 +58,9 @@ type RebalancerCoordinator struct {
 	stashed   bool
 	collectAt time.Time
 	usage     []rebalancer.Usage
+	// Asks and gives (transfer.go).
+	fl           flushState
+	droppedGives int64
 }
 
 // GatewayFlushInterval is how often the gateways flush their usage counts
@@ -142,14 +145,23 @@ func (c *RebalancerCoordinator) Core() *rebalancer.Core { return c.core }
 
 // Receive implements Coordinator.
 func (c *RebalancerCoordinator) Receive(now time.Time, msg Message) TickResult {
-	rep, ok := msg.Payload.(*rebalancer.Report)
-	if !ok {
+	var res TickResult
+	switch p := msg.Payload.(type) {
+	case *rebalancer.Report:
+		if _, err := c.core.ReceiveAt(now, p); err != nil {
+			return TickResult{Err: err}
+		}
+	case *rebalancer.Ask:
+		if err := c.receiveAsk(now, p, &res); err != nil {
+			return TickResult{Err: err}
+		}
+	case *rebalancer.Give:
+		if err := c.receiveGive(now, p, &res); err != nil {
+			return TickResult{Err: err}
+		}
+	default:
 		return TickResult{} // another coordinator's (see Combine)
 	}
-	if _, err := c.core.ReceiveAt(now, rep); err != nil {
-		return TickResult{Err: err}
-	}
-	var res TickResult
 	c.step(now, &res)
 	return res
 }
@@ -170,6 +182,9 @@ func (c *RebalancerCoordinator) Tick(now time.Time, boundary bool, usage []Usage
 				Key:    rebalancer.Key{PolicyID: u.Policy, Subject: u.Subject.Key()},
 				Demand: u.Demand, Admitted: u.Admitted,
 			})
+		}
+		if c.core.Config().Transfers {
+			c.flushAt(now, usage, true) // a boundary is a flush too
 		}
 	}
 	c.step(now, &res)
@@ -204,6 +219,7 @@ func (c *RebalancerCoordinator) step(now time.Time, res *TickResult) {
 			return
 		}
 	}
+	c.transfers(now, res)
 	var wake time.Time
 	if _, pending := c.core.Pending(); pending {
 		wake = c.core.Deadline()
@@ -213,6 +229,9 @@ func (c *RebalancerCoordinator) step(now time.Time, res *TickResult) {
 	}
 	if len(c.unwritten) > 0 && (wake.IsZero() || c.retryAt.Before(wake)) {
 		wake = c.retryAt
+	}
+	if t := c.transferWake(); !t.IsZero() && (wake.IsZero() || t.Before(wake)) {
+		wake = t
 	}
 	res.Wake = wake
 }

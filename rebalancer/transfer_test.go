@@ -1,0 +1,416 @@
+package rebalancer
+
+import (
+	"testing"
+	"time"
+
+	"github.com/quotientlabs/quotient/shares"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The unit tests of the transfer rules run two regions, a and b, whose
+// Cores adopted their stores' records (no warm-up) and exchanged three
+// epochs of reports, so both decided without falling back; a has the
+// demand, b none.
+
+var (
+	xlim = shares.Limit{RateMilli: 100_000, BurstMilli: 200_000, Regions: 2}
+	xpol = PolicyMap{"api": xlim}
+)
+
+type tpair struct {
+	t    *testing.T
+	a, b *Core
+	m    int64 // the epoch both collected last
+}
+
+func newTransferPair(t *testing.T) *tpair {
+	p := &tpair{t: t, m: e0}
+	var err error
+	p.a, err = New(testConfig("a", "a", "b"), xpol)
+	require.NoError(t, err)
+	p.b, err = New(testConfig("b", "a", "b"), xpol)
+	require.NoError(t, err)
+	for _, c := range []*Core{p.a, p.b} {
+		_, err := c.Adopt(t0, nil)
+		require.NoError(t, err)
+	}
+	// Fallback (nobody heard yet), then no growth (the second reports
+	// want nothing after a fallback), then growth.
+	p.step(80_000, 0)
+	p.step(80_000, 0)
+	p.step(80_000, 0)
+	require.False(t, p.a.fallback)
+	require.False(t, p.b.fallback)
+	return p
+}
+
+// now is a time in the epoch after the one collected last, after its
+// collection.
+func (p *tpair) now() time.Time { return EpochStart(p.m+1, 10*time.Second).Add(3 * time.Second) }
+
+// step collects the next epoch in both regions with demand rates da and
+// db (milli per second), exchanges the reports and decides.
+func (p *tpair) step(da, db int64) {
+	p.collect(da, db)
+	p.decide()
+}
+
+func (p *tpair) collect(da, db int64) {
+	p.m++
+	at := EpochStart(p.m+1, 10*time.Second).Add(time.Second)
+	pa, err := p.a.Collect(at, []Usage{{Key: hot, Demand: da / 100, Admitted: da / 100}})
+	require.NoError(p.t, err)
+	pb, err := p.b.Collect(at, []Usage{{Key: hot, Demand: db / 100, Admitted: db / 100}})
+	require.NoError(p.t, err)
+	require.NotNil(p.t, pa.Report)
+	require.NotNil(p.t, pb.Report)
+	_, err = p.a.Receive(pb.Report)
+	require.NoError(p.t, err)
+	_, err = p.b.Receive(pa.Report)
+	require.NoError(p.t, err)
+}
+
+func (p *tpair) decide() {
+	at := EpochStart(p.m+1, 10*time.Second).Add(2 * time.Second)
+	for _, c := range []*Core{p.a, p.b} {
+		require.True(p.t, c.Due(at))
+		_, err := c.Decide(at)
+		require.NoError(p.t, err)
+	}
+}
+
+func share(c *Core, k Key) shares.Share {
+	if s, ok := c.Share(k); ok {
+		return s
+	}
+	return xlim.Default()
+}
+
+// transfer runs b's ask for hot at full demand and a's answer with no
+// demand of its own; it returns the give (nil when a gave nothing).
+func (p *tpair) transfer(now time.Time) *Give {
+	ask := p.b.Pressure(now, []Pressure{{Key: hot, DemandMilli: 100_000}})
+	require.NotNil(p.t, ask)
+	ups, give, err := p.a.ReceiveAsk(now, ask, nil)
+	require.NoError(p.t, err)
+	if give != nil {
+		require.Len(p.t, ups, 1)
+		assert.Equal(p.t, share(p.a, hot), ups[0].Share, "the update writes the lowered share")
+	}
+	return give
+}
+
+func TestGiveMovesShareAndDecisionsKeepIt(t *testing.T) {
+	p := newTransferPair(t)
+	now := p.now()
+	a0, b0 := share(p.a, hot), share(p.b, hot)
+	require.Greater(t, a0.RateMilli, xlim.Default().RateMilli, "a holds most of the limit")
+	give := p.transfer(now)
+	require.NotNil(t, give)
+	assert.Equal(t, "a", give.From)
+	assert.Equal(t, "b", give.To)
+	assert.Equal(t, p.m+1, give.Transfer)
+	require.Len(t, give.Keys, 1)
+	amt := give.Keys[0].Amount
+	assert.Positive(t, amt.RateMilli)
+	assert.Equal(t, shares.Share{RateMilli: a0.RateMilli - amt.RateMilli, BurstMilli: a0.BurstMilli - amt.BurstMilli}, share(p.a, hot))
+	// a keeps its floor: it has no demand.
+	assert.Equal(t, a0.RateMilli-xlim.Default().RateMilli*15/1000, amt.RateMilli)
+
+	ups, err := p.b.ReceiveGive(now, give)
+	require.NoError(t, err)
+	require.Len(t, ups, 1)
+	got := share(p.b, hot)
+	assert.Equal(t, shares.Share{RateMilli: b0.RateMilli + amt.RateMilli, BurstMilli: b0.BurstMilli + amt.BurstMilli}, got)
+	assert.Equal(t, got, ups[0].Share)
+	assert.Equal(t, int64(1), p.b.Stats().Accepted)
+
+	// The next decisions keep it: b's smoothed demand lags, but its
+	// pressure (read every second) shows the demand.
+	p.b.Pressure(EpochStart(p.m+2, 10*time.Second).Add(500*time.Millisecond), []Pressure{{Key: hot, DemandMilli: 100_000}})
+	p.step(0, 100_000)
+	assert.GreaterOrEqual(t, share(p.b, hot).RateMilli, got.RateMilli, "b keeps what it accepted")
+	sum := share(p.a, hot).RateMilli + share(p.b, hot).RateMilli
+	assert.LessOrEqual(t, sum, xlim.RateMilli)
+}
+
+func TestDecisionSubtractsGivenAndAddsAccepted(t *testing.T) {
+	// Two identical pairs, one with a transfer before the decisions: the
+	// decisions differ by exactly the amount.
+	p, q := newTransferPair(t), newTransferPair(t)
+	p.collect(80_000, 0)
+	q.collect(80_000, 0)
+	now := p.now()
+	give := p.transfer(now)
+	require.NotNil(t, give)
+	_, err := p.b.ReceiveGive(now, give)
+	require.NoError(t, err)
+	p.decide()
+	q.decide()
+	amt := give.Keys[0].Amount
+	qa, qb := share(q.a, hot), share(q.b, hot)
+	assert.Equal(t, shares.Share{RateMilli: qa.RateMilli - amt.RateMilli, BurstMilli: qa.BurstMilli - amt.BurstMilli}, share(p.a, hot))
+	assert.Equal(t, shares.Share{RateMilli: qb.RateMilli + amt.RateMilli, BurstMilli: qb.BurstMilli + amt.BurstMilli}, share(p.b, hot))
+}
+
+func TestGiveRefusedForAnotherPeriod(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// late moves the receiver on by one collection before the gift
+		// arrives; else the giver gives for the period after b's.
+		late bool
+	}{{name: "receiver collected since", late: true}, {name: "giver ahead"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newTransferPair(t)
+			now := p.now()
+			give := p.transfer(now)
+			require.NotNil(t, give)
+			if tc.late {
+				p.step(0, 100_000) // b's report of T claims no gift
+				now = p.now()
+			} else {
+				give.Transfer++ // a collected one epoch more than b
+			}
+			before := share(p.b, hot)
+			ups, err := p.b.ReceiveGive(now, give)
+			require.NoError(t, err)
+			assert.Empty(t, ups)
+			assert.Equal(t, before, share(p.b, hot))
+			assert.Equal(t, int64(1), p.b.Stats().Refused)
+			assert.Equal(t, give.Keys[0].Amount.RateMilli, p.b.Stats().DroppedAmount)
+		})
+	}
+}
+
+func TestDuplicateGiveRefused(t *testing.T) {
+	p := newTransferPair(t)
+	now := p.now()
+	give := p.transfer(now)
+	require.NotNil(t, give)
+	ups, err := p.b.ReceiveGive(now, give)
+	require.NoError(t, err)
+	require.Len(t, ups, 1)
+	after := share(p.b, hot)
+	ups, err = p.b.ReceiveGive(now.Add(time.Second), give)
+	require.NoError(t, err)
+	assert.Empty(t, ups)
+	assert.Equal(t, after, share(p.b, hot))
+	assert.Equal(t, int64(1), p.b.Stats().Refused)
+
+	// A duplicated ask is answered once (a has spare again).
+	p.a.keys[hot].share = shares.Share{RateMilli: 60_000, BurstMilli: 120_000}
+	ask := &Ask{Region: "b", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 1000, BurstMilli: 2000}}}}
+	before := share(p.a, hot)
+	ups, g2, err := p.a.ReceiveAsk(now.Add(100*time.Millisecond), ask, nil)
+	require.NoError(t, err)
+	assert.Nil(t, g2)
+	assert.Empty(t, ups)
+	assert.Equal(t, before, share(p.a, hot))
+}
+
+// cutOff runs epochs in which b hears nothing from a until b's decision
+// is in fallback (K-1 epochs: a's last report b has says a heard b one
+// epoch before it); the last epoch is collected but not decided when
+// undecided is set.
+func (p *tpair) cutOff(undecided bool) {
+	k := p.b.Config().SilenceEpochs - 1
+	for i := range k {
+		p.m++
+		at := EpochStart(p.m+1, 10*time.Second).Add(time.Second)
+		_, err := p.b.Collect(at, []Usage{{Key: hot, Demand: 1000, Admitted: 1000}})
+		require.NoError(p.t, err)
+		if i == k-1 && undecided {
+			return
+		}
+		_, err = p.b.Decide(at.Add(time.Second))
+		require.NoError(p.t, err)
+	}
+}
+
+func TestTransfersRefusedInFallback(t *testing.T) {
+	p := newTransferPair(t)
+	p.cutOff(false)
+	require.True(t, p.b.fallback)
+	now := p.now()
+	assert.Nil(t, p.b.Pressure(now, []Pressure{{Key: hot, DemandMilli: 100_000}}), "no ask in fallback")
+
+	before := share(p.b, hot)
+	g := &Give{From: "a", To: "b", ID: 1, Transfer: p.m + 1, Keys: []GiveKey{{Key: hot, Amount: shares.Share{RateMilli: 10_000, BurstMilli: 20_000}}}}
+	ups, err := p.b.ReceiveGive(now, g)
+	require.NoError(t, err)
+	assert.Empty(t, ups, "a region in fallback refuses gifts")
+	assert.Equal(t, before, share(p.b, hot))
+	assert.Equal(t, int64(1), p.b.Stats().Refused)
+
+	// And gives nothing, even with spare.
+	p.b.keys[hot].share = shares.Share{RateMilli: 40_000, BurstMilli: 80_000}
+	ask := &Ask{Region: "a", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 10_000, BurstMilli: 20_000}}}}
+	ups, give, err := p.b.ReceiveAsk(now, ask, nil)
+	require.NoError(t, err)
+	assert.Nil(t, give)
+	assert.Empty(t, ups)
+}
+
+func TestFallbackDecisionDropsWhatWasAccepted(t *testing.T) {
+	p := newTransferPair(t)
+	// b's next decision will be in fallback; before it, while its last
+	// decision was not, b accepts a gift.
+	p.cutOff(true)
+	require.False(t, p.b.fallback)
+	now := EpochStart(p.m+1, 10*time.Second).Add(1500 * time.Millisecond)
+	g := &Give{From: "a", To: "b", ID: 1, Transfer: p.m + 1, Keys: []GiveKey{{Key: hot, Amount: shares.Share{RateMilli: 60_000, BurstMilli: 120_000}}}}
+	ups, err := p.b.ReceiveGive(now, g)
+	require.NoError(t, err)
+	require.Len(t, ups, 1)
+	require.Greater(t, share(p.b, hot).RateMilli, xlim.Default().RateMilli)
+	_, err = p.b.Decide(now.Add(time.Second))
+	require.NoError(t, err)
+	require.True(t, p.b.fallback)
+	assert.LessOrEqual(t, share(p.b, hot).RateMilli, xlim.Default().RateMilli, "in fallback, nothing accepted is added")
+	assert.LessOrEqual(t, share(p.b, hot).BurstMilli, xlim.Default().BurstMilli)
+}
+
+func TestTransfersRefusedInWarmup(t *testing.T) {
+	p := newTransferPair(t)
+	now := p.now()
+	give := p.transfer(now)
+	require.NotNil(t, give)
+	// b restarts: a fresh Core, in warm-up, that collected the epoch.
+	fresh, err := New(testConfig("b", "a", "b"), xpol)
+	require.NoError(t, err)
+	_, err = fresh.Collect(EpochStart(p.m+1, 10*time.Second).Add(time.Second), nil)
+	require.NoError(t, err)
+	give.Transfer = p.m + 1
+	require.True(t, fresh.warm(fresh.published))
+	ups, err := fresh.ReceiveGive(now, give)
+	require.NoError(t, err)
+	assert.Empty(t, ups)
+	assert.Equal(t, int64(1), fresh.Stats().Refused)
+	assert.Nil(t, fresh.Pressure(now, []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	ask := &Ask{Region: "a", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 1000, BurstMilli: 2000}}}}
+	ups, g, err := fresh.ReceiveAsk(now, ask, nil)
+	require.NoError(t, err)
+	assert.Nil(t, g)
+	assert.Empty(t, ups)
+}
+
+func TestNoCascades(t *testing.T) {
+	p := newTransferPair(t)
+	now := p.now()
+	give := p.transfer(now)
+	require.NotNil(t, give)
+	_, err := p.b.ReceiveGive(now, give)
+	require.NoError(t, err)
+	// b accepted hot this period: it gives none of it, even with spare.
+	p.b.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
+	ask := &Ask{Region: "a", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 10_000, BurstMilli: 20_000}}}}
+	ups, g, err := p.b.ReceiveAsk(now, ask, nil)
+	require.NoError(t, err)
+	assert.Nil(t, g)
+	assert.Empty(t, ups)
+	// a gave hot this period: it does not ask for it back, nor accept
+	// any of it.
+	assert.Nil(t, p.a.Pressure(now.Add(2*time.Second), []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	before := share(p.a, hot)
+	back := &Give{From: "b", To: "a", ID: 7, Transfer: p.m + 1, Keys: []GiveKey{{Key: hot, Amount: shares.Share{RateMilli: 1000, BurstMilli: 2000}}}}
+	ups, err = p.a.ReceiveGive(now, back)
+	require.NoError(t, err)
+	assert.Empty(t, ups)
+	assert.Equal(t, before, share(p.a, hot))
+	assert.Equal(t, int64(1), p.a.Stats().RefusedKeys)
+	// The next period both may again.
+	p.step(0, 0)
+	assert.NotNil(t, p.a.Pressure(p.now(), []Pressure{{Key: hot, DemandMilli: 100_000}}))
+}
+
+func TestTransfersNeverMixShares(t *testing.T) {
+	def := xlim.Default() // 50_000, 100_000
+	t.Run("giver keeps the part that would mix", func(t *testing.T) {
+		p := newTransferPair(t)
+		// Above the default in both, with little burst to spare.
+		p.a.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 101_000}
+		ask := &Ask{Region: "b", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 20_000, BurstMilli: 40_000}}}}
+		ups, g, err := p.a.ReceiveAsk(p.now(), ask, nil)
+		require.NoError(t, err)
+		require.NotNil(t, g)
+		require.Len(t, ups, 1)
+		assert.False(t, xlim.Mixed(ups[0].Share), "%+v", ups[0].Share)
+		assert.Equal(t, shares.Share{RateMilli: 70_000, BurstMilli: def.BurstMilli}, ups[0].Share)
+		assert.Equal(t, shares.Share{RateMilli: 20_000, BurstMilli: 1000}, g.Keys[0].Amount)
+	})
+	t.Run("receiver drops the part that would mix", func(t *testing.T) {
+		p := newTransferPair(t)
+		p.b.keys[hot].share = shares.Share{RateMilli: 45_000, BurstMilli: 60_000}
+		g := &Give{From: "a", To: "b", ID: 1, Transfer: p.m + 1, Keys: []GiveKey{{Key: hot, Amount: shares.Share{RateMilli: 10_000, BurstMilli: 20_000}}}}
+		ups, err := p.b.ReceiveGive(p.now(), g)
+		require.NoError(t, err)
+		require.Len(t, ups, 1)
+		assert.Equal(t, shares.Share{RateMilli: def.RateMilli, BurstMilli: 80_000}, ups[0].Share)
+		assert.Equal(t, int64(5_000), p.b.Stats().DroppedAmount)
+	})
+	t.Run("decision", func(t *testing.T) {
+		// a gave a rate-only amount between its report and its
+		// decision: Next minus it would be below the default in rate
+		// and above in burst.
+		p := newTransferPair(t)
+		p.collect(80_000, 0)
+		p.a.keys[hot].share.RateMilli -= 60_000 // as if a gave it
+		p.a.xkey(hot).given = shares.Share{RateMilli: 60_000}
+		p.decide()
+		s := share(p.b, hot)
+		assert.False(t, xlim.Mixed(s), "%+v", s)
+		s = share(p.a, hot)
+		assert.False(t, xlim.Mixed(s), "%+v", s)
+	})
+}
+
+func TestTransferErrors(t *testing.T) {
+	p := newTransferPair(t)
+	now := p.now()
+	for _, tc := range []struct {
+		name string
+		ask  *Ask
+		msg  string
+	}{
+		{"nil", nil, "nil ask"},
+		{"unknown region", &Ask{Region: "x"}, `Region "x"`},
+		{"negative", &Ask{Region: "b", Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: -1}}}}, "negative Need"},
+		{"twice", &Ask{Region: "b", Keys: []AskKey{{Key: hot}, {Key: hot}}}, "twice"},
+		{"empty policy", &Ask{Region: "b", Keys: []AskKey{{}}}, "PolicyID is empty"},
+	} {
+		_, _, err := p.a.ReceiveAsk(now, tc.ask, nil)
+		require.ErrorIs(t, err, ErrTransfer, tc.name)
+		assert.Contains(t, err.Error(), tc.msg, tc.name)
+	}
+	for _, tc := range []struct {
+		name string
+		give *Give
+		msg  string
+	}{
+		{"nil", nil, "nil give"},
+		{"unknown from", &Give{From: "x", To: "b"}, `From "x"`},
+		{"unknown to", &Give{From: "a", To: "x"}, `To "x"`},
+		{"self", &Give{From: "b", To: "b"}, "to itself"},
+		{"negative", &Give{From: "a", To: "b", Keys: []GiveKey{{Key: hot, Amount: shares.Share{BurstMilli: -1}}}}, "negative Amount"},
+		{"twice", &Give{From: "a", To: "b", Keys: []GiveKey{{Key: hot}, {Key: hot}}}, "twice"},
+	} {
+		_, err := p.b.ReceiveGive(now, tc.give)
+		require.ErrorIs(t, err, ErrTransfer, tc.name)
+		assert.Contains(t, err.Error(), tc.msg, tc.name)
+	}
+	assert.Zero(t, p.b.Stats().Refused, "a malformed give is an error, not a refusal")
+}
+
+func TestTransfersOff(t *testing.T) {
+	p := newTransferPair(t)
+	p.a.cfg.Transfers, p.b.cfg.Transfers = false, false
+	now := p.now()
+	assert.Nil(t, p.b.Pressure(now, []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	ask := &Ask{Region: "b", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 10_000, BurstMilli: 20_000}}}}
+	ups, g, err := p.a.ReceiveAsk(now, ask, nil)
+	require.NoError(t, err)
+	assert.Nil(t, g)
+	assert.Empty(t, ups)
+}
