@@ -84,10 +84,16 @@ func (p *fakePressure) rate(now time.Time, k Key) int64 {
 	return p.w.demand(p.region, EpochOf(now, p.epoch), k) * 1_000_000 / p.epoch.Milliseconds()
 }
 
+// Pressure returns the keys whose demand is above the enforced share (the
+// gateways reject some of it).
 func (p *fakePressure) Pressure(_ context.Context, now time.Time) ([]Pressure, error) {
 	var out []Pressure
 	for _, k := range p.w.keys {
-		if d := p.rate(now, k); d > 0 {
+		d := p.rate(now, k)
+		p.w.mu.Lock()
+		share := p.w.enforcedLocked(p.region, k, now)
+		p.w.mu.Unlock()
+		if d > share.RateMilli {
 			out = append(out, Pressure{Key: k, DemandMilli: d})
 		}
 	}
@@ -139,15 +145,17 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
 		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
 		w := newWorld(t, []string{"eu", "us"}, lim, keys)
-		busy := func(at string) func(string, int64, Key) int64 {
-			return func(region string, _ int64, _ Key) int64 {
-				if region == at {
+		// busy: all the demand in region at from epoch m on, before it in
+		// region was (the usage of an epoch is what it had).
+		busy := func(was, at string, m int64) func(string, int64, Key) int64 {
+			return func(region string, e int64, _ Key) int64 {
+				if e >= m && region == at || e < m && region == was {
 					return 4000 // 1000/s
 				}
 				return 0
 			}
 		}
-		w.demand = busy("eu")
+		w.demand = busy("eu", "eu", 0)
 		ctx, cancel := context.WithCancel(t.Context())
 		all := map[string]*memTransfers{}
 		logs := map[string]*transferLog{}
@@ -168,14 +176,17 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 			require.NoError(t, err)
 			go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
 		}
-		// shift moves the demand to region at 100 ms into the next epoch,
-		// with mutate applied first.
+		// shift moves the demand to region at 100 ms into the next epoch
+		// (that epoch's usage is at's), with mutate applied first.
+		where := "eu"
 		shift := func(at string, mutate func()) {
-			time.Sleep(time.Until(EpochStart(EpochOf(time.Now(), epoch)+1, epoch).Add(100 * time.Millisecond)))
+			m := EpochOf(time.Now(), epoch) + 1
+			time.Sleep(time.Until(EpochStart(m, epoch).Add(100 * time.Millisecond)))
 			w.mu.Lock()
 			mutate()
-			w.demand = busy(at)
+			w.demand = busy(where, at, m)
 			w.mu.Unlock()
+			where = at
 		}
 		w.watch(12*epoch, keys[0])
 		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L")
