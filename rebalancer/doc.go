@@ -127,6 +127,111 @@
 // anyone publishes epoch m+1); a driver writes a decision's updates before
 // it publishes the next report; writes take effect within the epoch.
 //
+// # Transfers between decisions
+//
+// Between two decisions a region whose demand for a key outruns its share
+// asks the others, and a region with spare share gives some of it, within
+// about two bus latencies instead of an epoch (Config.Transfers; see
+// transfer.go for the exact rules of Core.Pressure, Core.ReceiveAsk and
+// Core.ReceiveGive). A region's report period p is the time from its
+// collection of epoch p (its report of p computed) to its collection of
+// p+1.
+//
+//   - Ask{Region, Epoch = the asker's period, Keys: Need}. Asked when the
+//     gateways rejected some of the key in the last pressure window and
+//     (demand - 3*sqrt(demand units)) * headroom exceeds the share by the
+//     ask threshold; at most every AskInterval, twice per period without a
+//     gift, never for a key the region gave in the period, never in
+//     fallback or warm-up. Asks change no share.
+//   - Give{From, To, ID, Transfer = T = the giver's period + 1, Amounts}.
+//     Only for an ask of the giver's own period, not in fallback or
+//     warm-up, for a key the giver's gateways do not reject, with spare =
+//     share - max(demand * headroom, floor), never a key it accepted in
+//     the period. The giver LOWERS its share by the amount and the driver
+//     writes that before it publishes the Give (a Give whose write failed
+//     is dropped).
+//   - The receiver accepts only if it is To, not in fallback or warm-up,
+//     has published its report of its period, its period is exactly T-1,
+//     and (From, ID) is new; per key, not a key it gave in the period. It
+//     raises its share by at most the amount.
+//   - A decision of epoch p (the region's period) computes Next from the
+//     published claim of p as before, then subtracts what the region gave
+//     and adds what it accepted since its report of p (nothing in
+//     fallback), floored at 0, at most L. A key that accepted a gift in
+//     this period or the one before and is still under pressure keeps at
+//     least min(claim, recent demand * headroom) (a decision may always
+//     keep up to the claim; the smoothed demand lags a shift by epochs and
+//     would take the gift back). After the decision, gives and accepts
+//     change the share directly until the next collection, whose report
+//     claims the result.
+//   - Shares stay on one side of the default: a giver keeps the part that
+//     would leave its share above the default in one dimension and below
+//     it in the other, a receiver drops it, and a decision lowers the
+//     dimension above the default (only lowering).
+//
+// Why the enforced sum stays within L (and B). Call x an amount given with
+// transfer epoch T. It is counted in the claims of exactly one region for
+// every epoch: the giver's report of T-1 was computed before the give (its
+// share then included x) and its report of T after it (x excluded); the
+// receiver's report of T-1 was computed before the accept (its period was
+// T-1) and every later one after it. A refused gift is counted by nobody
+// from T on, and the parts dropped (mixed side, floor at 0, fallback) only
+// lower shares. So every growing view of an epoch e sees, in the published
+// claims of e, each amount once, and the bound of the section above holds
+// for the claims as published. What remains is the instant between
+// reports: a region in period p enforces at most B_p - G + A, with B_p
+// what the argument above bounds it by (its claim of p before its
+// decision of p, Next(claims of p) or, for a key that keeps, at most its
+// claim, after it), G what it gave and A what it accepted in the period.
+// Every accepted amount was given first (the giver writes before it
+// sends) with the same T, so, for regions in the same period, Σ A <= Σ G
+// and Σ (B_p - G + A) <= Σ B_p <= L. Regions in different periods: a
+// receiver still in period T-1 holds x while its giver, in period T, no
+// longer counts it; the giver cannot grow at a decision of T (nor anyone
+// else) before the receiver's report of T, which claims x, is in its view
+// (a complete view is needed to grow), or until the receiver is silent.
+// A silent receiver is assumed at the default: its record raised by x
+// expires at the start of epoch T+K (the lifetime of a decision of T-1),
+// before anyone's decision of T+K (the first that can find it silent,
+// made after epoch T+K+1 starts), and a record at or below the default is
+// not above what is assumed. And a region the others find silent was in
+// fallback one epoch before (as for growth): in fallback it accepts
+// nothing and its decision adds nothing it accepted, so it is at most the
+// default, as assumed. (Under today's partition rule a region that finds
+// another silent is itself in fallback and grows nothing, so this last
+// clause only matters with a rule that lets a majority keep growing; the
+// property test cannot fail on it today.)
+//
+// Duplicates, loss and order: a duplicated Give is refused by its (From,
+// ID), kept until its T is collected (after that its T no longer matches);
+// a Give delivered after the receiver collected T is refused; a lost Give
+// leaves x unused until the next decision hands it out again (the giver's
+// report of T no longer claims it); a duplicated ask is answered once
+// (the giver does not give the same key to the same asker within
+// AskInterval/2); a lost ask is asked again after AskInterval. Crashes: a
+// giver that wrote and died before publishing lost x the same way; a
+// receiver that accepted and died is silent with its raised record
+// expiring as above, and a restarted Core is in warm-up (no report, in
+// fallback), refusing everything, and its forgotten IDs cannot be reused
+// against it since it accepts nothing until it has published a period
+// after the old gifts' T. A warm start (Adopt) collects an epoch after the
+// previous replica's last claimed one, which is at least the last period
+// it accepted in, so old gifts' T no longer match either; a fenced
+// replica's transfer writes must respect its write deadline like its
+// other writes.
+//
+// The property tests (TestTransfersSafetyUnderChaos) check the enforced
+// sum after every write with asks and gives lost, duplicated, delayed
+// across periods, reordered, misrouted and cut by partitions (on their own
+// links or the reports'), givers crashing after the write, and the
+// reports' chaos of TestSafetyUnderChaos; removing the ID check, the T
+// check, the decision's adjustment or the claim bound of the keep makes
+// them fail.
+//
+// Cost: an ask or a give is one message per region and pressure poll,
+// listing the keys; a shift of one key costs a few of each (the
+// simulator's counts are in the README).
+//
 // # Incomplete usage (a gateway's usage key limit)
 //
 // A gateway holds at most limiter.Config.UsageMaxKeys usage counts; beyond

@@ -172,11 +172,16 @@ func (c *Core) acceptedRecently(k Key) bool {
 	return x != nil && x.acceptedIn >= 0 && x.acceptedIn >= c.published-1
 }
 
-// noise is the margin, in milli per second, of a demand rate seen over
-// one second (the pressure window): two standard deviations of a Poisson
-// count of that many cost units, 2*sqrt(units) units.
-func noise(demandMilli int64) int64 {
-	return 2 * int64(math.Sqrt(float64(demandMilli)*1000))
+// askNoise is the margin, in milli per second, that a demand rate seen
+// over one second (the pressure window) must exceed a share by before it
+// is asked for: three standard deviations of a Poisson count of that many
+// cost units, 3*sqrt(units) units. (Tuned once on the simulator's suite:
+// with two, keys of a few requests per second per region asked on noise
+// and zipf-many-keys lost 2 points; a giver keeps only the headroom above
+// its demand, since a margin there left flash-crowd's and
+// follow-the-sun's asks unanswered.)
+func askNoise(demandMilli int64) int64 {
+	return 3 * int64(math.Sqrt(float64(demandMilli)*1000))
 }
 
 // pressed returns key's last pressure demand (milli per second) when it
@@ -258,16 +263,21 @@ func (c *Core) threshold(lim shares.Limit) int64 {
 }
 
 // Pressure is called by the driver every pressure interval (about a
-// second) with this region's recent demand for the keys under pressure.
-// It returns the Ask to publish, or nil when no key needs more share: a
-// key is asked for when demand*HeadroomPermille/1000 exceeds its share by
-// more than Config.AskThresholdPermille of L, the region is neither in
-// fallback nor in warm-up and has published a report for its last
-// collected epoch, the key was not asked for within Config.AskInterval,
-// and this region gave none of it since its last report (no cascades).
-// Need is that excess (at most L minus the share), burst in proportion
-// (Need.RateMilli*B/L). Entries with an unknown policy or a negative
-// demand are skipped; the Ask's keys are sorted. Asking changes no share.
+// second) with this region's recent demand for the keys under pressure
+// (the gateways rejected some of it). It notes each key's pressure (see
+// the decisions and ReceiveAsk) and returns the Ask to publish, or nil
+// when no key needs more share. A key is asked for when (demand minus
+// three Poisson deviations of a one-second count, 3*sqrt(units))
+// *HeadroomPermille/1000, at most L, exceeds its share by at least
+// Config.AskThresholdPermille of L; the region is neither in fallback nor
+// in warm-up and has published a report for its last collected epoch; the
+// key was not asked for within Config.AskInterval, nor twice in this
+// report period since a gift for it was last accepted (a lost ask is
+// asked again once; after that the decision serves it); and this region
+// gave none of it since its last report (no cascades). Need is that
+// excess, burst in proportion (Need.RateMilli*B/L). Entries with an
+// unknown policy or a negative demand are skipped; the Ask's keys are
+// sorted. Asking changes no share.
 func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 	if !c.transferring() {
 		return nil
@@ -289,7 +299,7 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 		if st := c.keys[p.Key]; st != nil && st.known && !(st.synced && !st.record) {
 			share = st.share
 		}
-		lo := max(p.DemandMilli-noise(p.DemandMilli), 0)
+		lo := max(p.DemandMilli-askNoise(p.DemandMilli), 0)
 		want := min(shares.MulDiv(lo, c.cfg.Shares.HeadroomPermille, 1000), lim.RateMilli)
 		need := want - share.RateMilli
 		if need < c.threshold(lim) {
@@ -324,24 +334,26 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 }
 
 // ReceiveAsk answers another region's Ask, with own this region's recent
-// demand for the asked keys (as for Pressure; a key absent from own has
-// demand 0: a driver that could not read its usage must not call it).
-// It gives only when the ask follows this region's last collected epoch
-// (Ask.Epoch equal to it: otherwise the asker, in another report period,
-// would refuse the gift) and this region may transfer (as for Pressure).
-// For each key with spare share (share minus max(own demand*headroom, the
-// floor), in rate) of at least the ask threshold, not accepted since its
-// last report, not given to the same asker within AskInterval/2 (a
-// duplicated ask), it lowers its share by min(spare, Need) (burst in
-// proportion; never below the floor; the part that would leave the share
-// above the default in one dimension and below it in the other is kept)
-// and returns the Updates that write the lowered shares, with the Give to
-// publish; both nil when it gives nothing. The driver MUST write the
-// updates before publishing the Give, and drop the Give when the write
-// fails (the Core has already lowered its shares: the next report claims
-// the lowered share, an upper bound of what is enforced). Errors wrap
-// ErrTransfer (malformed ask, unknown region); nothing changed then. An
-// ask of this region's own is ignored (nil, nil, nil).
+// demand for the asked keys (milli per second over the last pressure
+// window, as for Pressure; a key absent from own has demand 0: a driver
+// that could not read its usage must not call it). It gives only when the
+// ask follows this region's last collected epoch (Ask.Epoch equal to it:
+// otherwise the asker, in another report period, would refuse the gift)
+// and this region may transfer (as for Pressure). For each key with spare
+// share (share minus max(own demand*headroom, the floor), in rate) of at
+// least the ask threshold, not under pressure here (Pressure saw it within
+// two AskIntervals), not accepted since its last report, and not given to
+// the same asker within AskInterval/2 (a duplicated ask), it lowers its
+// share by min(spare, Need) (burst in proportion, never below the floor;
+// the part that would leave the share above the default in one dimension
+// and below it in the other is kept) and returns the Updates that write
+// the lowered shares, with the Give to publish; both nil when it gives
+// nothing. The driver MUST write the updates before publishing the Give,
+// and drop the Give when the write fails (the Core has already lowered
+// its shares: the next report claims the lowered share, an upper bound of
+// what is enforced). Errors wrap ErrTransfer (malformed ask, unknown
+// region); nothing changed then. An ask of this region's own is ignored
+// (nil, nil, nil).
 func (c *Core) ReceiveAsk(now time.Time, ask *Ask, own []Pressure) ([]Update, *Give, error) {
 	if err := c.checkAsk(ask); err != nil {
 		return nil, nil, err
@@ -376,8 +388,7 @@ func (c *Core) ReceiveAsk(now time.Time, ask *Ask, own []Pressure) ([]Update, *G
 		}
 		def := lim.Default()
 		floor := shares.MulDiv(def.RateMilli, c.cfg.Shares.FloorPermille, 1000)
-		d := demand[ak.Key]
-		keep := max(shares.MulDiv(d+noise(d), c.cfg.Shares.HeadroomPermille, 1000), floor)
+		keep := max(shares.MulDiv(demand[ak.Key], c.cfg.Shares.HeadroomPermille, 1000), floor)
 		cur := clamp(st.share, lim)
 		spare := cur.RateMilli - keep
 		if spare < c.threshold(lim) || ak.Need.RateMilli <= 0 {

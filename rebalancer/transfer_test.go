@@ -102,6 +102,13 @@ func (p *tpair) transfer(now time.Time) *Give {
 	return give
 }
 
+// ask returns b's last Need for hot (asking again, after AskInterval).
+func ask(t *testing.T, p *tpair) shares.Share {
+	a := p.b.Pressure(p.now().Add(5*time.Second), []Pressure{{Key: hot, DemandMilli: 100_000}})
+	require.NotNil(t, a)
+	return a.Keys[0].Need
+}
+
 func TestGiveMovesShareAndDecisionsKeepIt(t *testing.T) {
 	p := newTransferPair(t)
 	now := p.now()
@@ -116,8 +123,11 @@ func TestGiveMovesShareAndDecisionsKeepIt(t *testing.T) {
 	amt := give.Keys[0].Amount
 	assert.Positive(t, amt.RateMilli)
 	assert.Equal(t, shares.Share{RateMilli: a0.RateMilli - amt.RateMilli, BurstMilli: a0.BurstMilli - amt.BurstMilli}, share(p.a, hot))
-	// a keeps its floor: it has no demand.
-	assert.Equal(t, a0.RateMilli-xlim.Default().RateMilli*15/1000, amt.RateMilli)
+	// b asked for (100/s less three Poisson deviations, 30/s)*1.25 less
+	// its share; a, with no demand, could give all but its floor.
+	need := int64(87_500) - b0.RateMilli
+	assert.Equal(t, need, ask(t, p).RateMilli)
+	assert.Equal(t, min(need, a0.RateMilli-xlim.Default().RateMilli*15/1000), amt.RateMilli)
 
 	ups, err := p.b.ReceiveGive(now, give)
 	require.NoError(t, err)
