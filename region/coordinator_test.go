@@ -166,15 +166,17 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	ok.Region, ok.Regions = "a", []string{"a", "b"}
 	ok.RedisAddrs, ok.KafkaBrokers, ok.Listen, ok.Policies = []string{"127.0.0.1:1"}, []string{"127.0.0.1:2"}, "127.0.0.1:0", policies(t)
 	for want, mutate := range map[string]func(*region.Config){
-		"RedisAddrs":      func(c *region.Config) { c.RedisAddrs = nil },
-		"RedisCluster":    func(c *region.Config) { c.RedisCluster, c.RedisAddrs = true, []string{"x:1", "y:2"} },
-		"KafkaBrokers":    func(c *region.Config) { c.KafkaBrokers = nil },
-		"Policies":        func(c *region.Config) { c.Policies = c.Policies[2:] }, // no global policy left
-		"Regions":         func(c *region.Config) { c.Region = "z" },
-		"Epoch":           func(c *region.Config) { c.Epoch = time.Microsecond },
-		"brokers[0]":      func(c *region.Config) { c.KafkaBrokers = []string{"nohost"} },
-		"listen on":       func(c *region.Config) { c.Listen = "256.0.0.1:99999" },
-		"ShutdownTimeout": func(c *region.Config) { c.ShutdownTimeout = -1 },
+		"RedisAddrs":       func(c *region.Config) { c.RedisAddrs = nil },
+		"RedisCluster":     func(c *region.Config) { c.RedisCluster, c.RedisAddrs = true, []string{"x:1", "y:2"} },
+		"KafkaBrokers":     func(c *region.Config) { c.KafkaBrokers = nil },
+		"Policies":         func(c *region.Config) { c.Policies = c.Policies[2:] }, // no global policy left
+		"Regions":          func(c *region.Config) { c.Region = "z" },
+		"Epoch":            func(c *region.Config) { c.Epoch = time.Microsecond },
+		"brokers[0]":       func(c *region.Config) { c.KafkaBrokers = []string{"nohost"} },
+		"listen on":        func(c *region.Config) { c.Listen = "256.0.0.1:99999" },
+		"ShutdownTimeout":  func(c *region.Config) { c.ShutdownTimeout = -1 },
+		"PressureInterval": func(c *region.Config) { c.PressureInterval = -time.Second },
+		"TransferTopic":    func(c *region.Config) { c.TransferTopic = c.Topic },
 	} {
 		c := ok
 		mutate(&c)
