@@ -75,6 +75,7 @@ type transfers struct {
 	keys   map[Key]*transferKey
 	seen   map[giveID]int64 // gives accepted, by (From, ID): their T (pruned at collection)
 	lastID int64            // the last Give.ID this Core sent
+	poll   time.Time        // the last Pressure call
 }
 
 // transferKey is one key's transfers since this region's last report.
@@ -184,11 +185,12 @@ func askNoise(demandMilli int64) int64 {
 	return 3 * int64(math.Sqrt(float64(demandMilli)*1000))
 }
 
-// pressed returns key's last pressure demand (milli per second) when it
-// was seen within two AskIntervals of now.
+// pressed returns key's pressure demand (milli per second) when the last
+// Pressure call, within two AskIntervals of now, listed it: a key is
+// under pressure until a poll no longer lists it.
 func (c *Core) pressed(k Key, now time.Time) (int64, bool) {
 	x := c.tr.keys[k]
-	if x == nil || x.pressureAt.IsZero() || now.Sub(x.pressureAt) > 2*c.cfg.AskInterval || now.Before(x.pressureAt) {
+	if x == nil || x.pressureAt.IsZero() || !x.pressureAt.Equal(c.tr.poll) || now.Sub(x.pressureAt) > 2*c.cfg.AskInterval || now.Before(x.pressureAt) {
 		return 0, false
 	}
 	return x.pressure, true
@@ -263,9 +265,11 @@ func (c *Core) threshold(lim shares.Limit) int64 {
 }
 
 // Pressure is called by the driver every pressure interval (about a
-// second) with this region's recent demand for the keys under pressure
-// (the gateways rejected some of it). It notes each key's pressure (see
-// the decisions and ReceiveAsk) and returns the Ask to publish, or nil
+// second), with nothing too, with this region's recent demand for the keys
+// under pressure (the gateways rejected some of it): a key is under
+// pressure until a call no longer lists it (or for two AskIntervals
+// without a call). It notes each key's pressure (see the decisions and
+// ReceiveAsk), also in fallback and warm-up, and returns the Ask to publish, or nil
 // when no key needs more share. A key is asked for when (demand minus
 // three Poisson deviations of a one-second count, 3*sqrt(units))
 // *HeadroomPermille/1000, at most L, exceeds its share by at least
@@ -279,9 +283,7 @@ func (c *Core) threshold(lim shares.Limit) int64 {
 // unknown policy or a negative demand are skipped; the Ask's keys are
 // sorted. Asking changes no share.
 func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
-	if !c.transferring() {
-		return nil
-	}
+	c.tr.poll = now
 	c.lcOn = false
 	defer func() { c.lcOn = false }()
 	var ask *Ask
@@ -295,6 +297,9 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 		}
 		px := c.xkey(p.Key)
 		px.pressure, px.pressureAt = p.DemandMilli, now
+		if !c.transferring() {
+			continue
+		}
 		share := lim.Default()
 		if st := c.keys[p.Key]; st != nil && st.known && !(st.synced && !st.record) {
 			share = st.share

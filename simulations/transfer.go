@@ -81,10 +81,9 @@ func (c *RebalancerCoordinator) flushAt(now time.Time, served []Usage, boundary 
 	}
 	slices.SortFunc(f.recent, func(a, b rebalancer.Pressure) int { return compareKey(a.Key, b.Key) })
 	slices.SortFunc(f.marked, func(a, b rebalancer.Pressure) int { return compareKey(a.Key, b.Key) })
-	f.pollAt = time.Time{}
-	if len(f.marked) > 0 {
-		f.pollAt = now.Add(PressurePollDelay)
-	}
+	// Polled even when nothing is marked: a key absent from a poll is no
+	// longer under pressure (see rebalancer.Core.Pressure).
+	f.pollAt = now.Add(PressurePollDelay)
 	f.nextFlush = now.Truncate(GatewayFlushInterval).Add(GatewayFlushInterval)
 }
 
