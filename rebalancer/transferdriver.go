@@ -219,7 +219,9 @@ func (d *Driver) observeTransfer(info TransferInfo) {
 	}
 }
 
-// pressure reads the pressure marks, asks the Core and publishes its ask.
+// pressure reads the pressure marks, passes them to the Core (a failed
+// read passes nothing: the keys stay under pressure for two AskIntervals)
+// and publishes its ask.
 func (d *Driver) pressure(ctx context.Context, now time.Time) {
 	pctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
 	ps, err := d.cfg.Pressure.Pressure(pctx, now)
@@ -230,9 +232,9 @@ func (d *Driver) pressure(ctx context.Context, now time.Time) {
 		return
 	}
 	d.setStatus(func(s *Status) { s.Transfers.LastPressure, s.Transfers.PressureKeys = now, len(ps) })
-	if len(ps) == 0 {
-		return
-	}
+	// Every read is passed on, an empty one too: a key is under pressure
+	// until a read no longer lists it (a region whose traffic just left
+	// gives at the next ask).
 	ask := d.core.Pressure(now, ps)
 	if ask == nil || len(ask.Keys) == 0 {
 		return
