@@ -97,9 +97,13 @@ func TestThreeCoordinators(t *testing.T) {
 		var h map[string]any
 		require.NoError(t, json.Unmarshal([]byte(body), &h))
 		assert.Equal(t, "ok", h["status"])
+		tr, ok := h["transfers"].(map[string]any)
+		require.True(t, ok, "/healthz shows the transfers: %s", body)
+		assert.NotEmpty(t, tr["last_pressure"], "the pressure marks are read: %s", body)
 		code, body = get(t, "http://"+r.c.Addr()+"/metrics")
 		assert.Equal(t, http.StatusOK, code)
-		for _, m := range []string{"quotient_coordinator_epoch_duration_seconds", "quotient_coordinator_keys", "quotient_coordinator_report_lag_seconds", "quotient_coordinator_regions_alive", `quotient_coordinator_decisions_total{late="false",mode="grow"}`, "go_goroutines"} {
+		for _, m := range []string{"quotient_coordinator_epoch_duration_seconds", "quotient_coordinator_keys", "quotient_coordinator_report_lag_seconds", "quotient_coordinator_regions_alive", `quotient_coordinator_decisions_total{late="false",mode="grow"}`, "go_goroutines",
+			`quotient_coordinator_transfer_asks_total{direction="sent"}`, `quotient_coordinator_transfer_gives_total{direction="received",outcome="accepted"}`, "quotient_coordinator_transfer_rate_moved_milli_total", "quotient_coordinator_transfer_malformed_total"} {
 			assert.Contains(t, body, m)
 		}
 	}
