@@ -424,3 +424,37 @@ func TestTransfersOff(t *testing.T) {
 	assert.Nil(t, g)
 	assert.Empty(t, ups)
 }
+
+func TestAsksPerPeriodAreBounded(t *testing.T) {
+	p := newTransferPair(t)
+	asks := func() int {
+		n := 0
+		base := p.now()
+		for i := range 6 {
+			if p.b.Pressure(base.Add(time.Duration(i)*time.Second), []Pressure{{Key: hot, DemandMilli: 100_000}}) != nil {
+				n++
+			}
+		}
+		return n
+	}
+	// Not twice within AskInterval.
+	now := p.now().Add(-time.Second)
+	require.NotNil(t, p.b.Pressure(now, []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	assert.Nil(t, p.b.Pressure(now.Add(500*time.Millisecond), []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	p.b.xkey(hot).unanswered = 0 // (start the count below afresh)
+	// Nobody answers: three asks in the period (one lost ask is asked
+	// again), then two per period.
+	assert.Equal(t, 3, asks())
+	p.step(80_000, 100_000)
+	assert.Equal(t, 2, asks())
+	p.step(80_000, 100_000)
+	assert.Equal(t, 2, asks())
+	// A gift accepted starts the count again, and the period after one
+	// with a gift is not dry.
+	g := &Give{From: "a", To: "b", ID: 1, Transfer: p.m + 1, Keys: []GiveKey{{Key: hot, Amount: shares.Share{RateMilli: 1000, BurstMilli: 2000}}}}
+	ups, err := p.b.ReceiveGive(p.now().Add(7*time.Second), g)
+	require.NoError(t, err)
+	require.Len(t, ups, 1)
+	p.step(80_000, 100_000)
+	assert.Equal(t, 3, asks())
+}

@@ -112,7 +112,7 @@ func TestShiftReaches90PercentWithin3s(t *testing.T) {
 	off.Transfers = false
 	without, _ := shiftRun(t, off)
 	t.Logf("share of the new region >= 90%% of L: %.2f s after the shift with transfers, %.2f s without", (on.reached - on.after).Seconds(), (without.reached - without.after).Seconds())
-	t.Logf("bus cost: before the shift %d asks, %d gives (the old region over its limit asks at most twice per epoch); from the shift to the end (300 s): %d asks (%d keys), %d gives (%d keys)",
+	t.Logf("bus cost: before the shift %d asks, %d gives (the old region over its limit asks at most three times per epoch, then twice); from the shift to the end (300 s): %d asks (%d keys), %d gives (%d keys)",
 		on.asksBefore, on.givesBefore, on.asks, on.askKeys, on.gives, on.giveKeys)
 	require.Positive(t, on.reached)
 	assert.LessOrEqual(t, on.reached-on.after, 3*time.Second)
@@ -137,8 +137,8 @@ func TestShiftReaches90PercentWithin3s(t *testing.T) {
 // TestTransferCostOnTheSuite counts, per scenario of the standard suite,
 // the asks and gives published and the keys they carry, next to the
 // reports' key lines (one per reported key and epoch), and checks the ask
-// bound: a key is asked for at most twice per report period and region
-// unless a gift for it was accepted (so at most 2 + gives per key, region
+// bound: a key is asked for at most three times per report period and
+// region unless a gift for it was accepted (so at most 3 + gives per key, region
 // and epoch in all).
 func TestTransferCostOnTheSuite(t *testing.T) {
 	if testing.Short() {
@@ -156,7 +156,7 @@ func TestTransferCostOnTheSuite(t *testing.T) {
 		epochs := (sc.DurationSec + HeadStartEpochs*sc.EpochSec) / sc.EpochSec
 		t.Logf("%-18s asks %5d (%6d keys), gives %4d (%5d keys); report key lines %8d; transfer keys per report key line %.4f",
 			name, w.asks, w.askKeys, w.gives, w.giveKeys, c.lines, float64(w.askKeys+w.giveKeys)/float64(max(c.lines, 1)))
-		assert.LessOrEqual(t, int64(w.askKeys), 2*int64(len(sc.Regions))*int64(c.keys)*epochs+int64(w.giveKeys)*int64(len(sc.Regions)), name)
+		assert.LessOrEqual(t, int64(w.askKeys), 3*int64(len(sc.Regions))*int64(c.keys)*epochs+int64(w.giveKeys)*int64(len(sc.Regions)), name)
 	}
 }
 
