@@ -321,7 +321,9 @@ func usageShard(policy, subjectKey string, shards int) int {
 // its second ':'. The shard of a pair is FNV-1a-64("<policy>:<subject
 // key>") mod Shards. Every gateway of the region adds to the same fields,
 // so a field holds the region's total. Each write sets the key to expire at
-// the end of epoch E+TTLEpochs (PEXPIREAT). One flush is one pipeline
+// the end of epoch E+TTLEpochs (PEXPIREAT). The same pipeline marks the
+// keys whose global policy rejected some of the flushed cost (demand >
+// admitted) in the epoch's pressure hash (UsagePressureKey). One flush is one pipeline
 // (go-redis splits it per cluster node); commands that failed are returned
 // and retried on the next tick. A command that timed out after Redis
 // applied it is counted twice on retry: usage is at-least-once, which demand
@@ -365,6 +367,10 @@ func (s *RedisUsageSink) WriteUsage(ctx context.Context, counts []UsageCount) ([
 	pipe := s.client.Pipeline()
 	items := make([]pending, len(counts))
 	expired := map[string]bool{}
+	// The pressure marks ride in the same pipeline: no extra round trip.
+	// Their failures are not retried (a mark is a hint for the next
+	// second, see UsagePressureKey).
+	s.markPressure(ctx, pipe, counts)
 	for i, c := range counts {
 		sk := c.Subject.Key()
 		key := UsageKey(c.Epoch, usageShard(c.PolicyID, sk, s.shards))
@@ -416,7 +422,8 @@ func (s *RedisUsageSink) WriteUsage(ctx context.Context, counts []UsageCount) ([
 		}
 	}
 	if firstErr == nil {
-		firstErr = execErr
+		// Only pressure marks failed: the counts are written.
+		return nil, nil
 	}
 	return failed, fmt.Errorf("%w: usage flush: %v", ErrStoreUnavailable, firstErr)
 }

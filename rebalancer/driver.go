@@ -156,6 +156,19 @@ type DriverConfig struct {
 	// bound on the clock difference between replicas of one region plus
 	// scheduling delays. Default: RetryInterval.
 	TakeoverMargin time.Duration
+	// Pressure and Transfers, both set, turn on transfers between
+	// decisions (the Core's Config.Transfers decides whether it asks and
+	// gives): every PressureInterval the driver reads the pressure marks
+	// and publishes the Core's ask; on another region's ask it reads its
+	// own demand for the asked keys, writes the shares the Core lowered
+	// and only then publishes the give (dropped when the write fails); on
+	// a give to this region it writes the raised shares (no report until
+	// they are written, as for a decision). Default: none (epochs only).
+	Pressure  PressureSource
+	Transfers TransferBus
+	// PressureInterval is how often the pressure marks are read. Default
+	// DefaultPressureInterval (1 s).
+	PressureInterval time.Duration
 }
 
 // Status is a snapshot of a Driver, for health checks.
@@ -169,6 +182,7 @@ type Status struct {
 	Unwritten      int       // updates waiting to be written again
 	LastWriteError error     // the last write failure, nil once a write succeeds
 	LastPublish    time.Time // last successful publication
+	Transfers      TransferStatus
 }
 
 // Driver runs a Core in real time: it owns the Core, a goroutine that
@@ -257,6 +271,9 @@ func NewDriver(core *Core, cfg DriverConfig) (*Driver, error) {
 	if cfg.TakeoverMargin < 0 {
 		return nil, fmt.Errorf("%w: driver: TakeoverMargin %v is negative", ErrConfig, cfg.TakeoverMargin)
 	}
+	if err := validateTransfers(&cfg); err != nil {
+		return nil, err
+	}
 	d := &Driver{core: core, cfg: cfg, clock: cfg.Clock, log: cfg.Logger, epoch: cc.Epoch}
 	if d.clock == nil {
 		d.clock = systemClock{}
@@ -323,6 +340,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		defer wg.Done()
 		d.receive(ctx, reports)
 	}()
+	tr := d.startTransfers(ctx, &wg)
 	defer wg.Wait()
 	defer cancel()
 
@@ -354,7 +372,15 @@ func (d *Driver) Run(ctx context.Context) error {
 			_ = d.flush(ctx)
 			now = d.clock.Now()
 		}
+		if tr.in != nil && !now.Before(tr.next) {
+			d.pressure(ctx, now)
+			tr.next = now.Add(d.cfg.PressureInterval)
+			now = d.clock.Now()
+		}
 		wake := nextCollect
+		if tr.in != nil {
+			wake = earliest(wake, tr.next)
+		}
 		if _, ok := d.core.Pending(); ok {
 			wake = earliest(wake, d.core.Deadline())
 		}
@@ -372,6 +398,9 @@ func (d *Driver) Run(ctx context.Context) error {
 		case r := <-reports:
 			stop()
 			d.apply(r)
+		case m := <-tr.in:
+			stop()
+			d.applyTransfer(ctx, m)
 		case <-c:
 		}
 	}

@@ -68,6 +68,20 @@ type Config struct {
 	KafkaSASL sasl.Mechanism
 	// Topic is the usage-report topic. Default kafkabus.DefaultTopic.
 	Topic string
+	// TransferTopic is the topic of asks and gives between decisions
+	// (issue 17; the mirrored layout also consumes
+	// "<region>.<TransferTopic>" per other region). Default
+	// kafkabus.TransferTopic(Topic): "<Topic>-transfers".
+	TransferTopic string
+	// NoTransfers turns transfers between decisions off: shares move at
+	// epoch decisions only, and the transfer topic is neither created nor
+	// read. Default false (transfers on).
+	NoTransfers bool
+	// PressureInterval is how often the coordinator reads the gateways'
+	// pressure marks and asks for the keys that need share. Default
+	// rebalancer.DefaultPressureInterval (1 s, the gateways' default
+	// usage flush).
+	PressureInterval time.Duration
 	// Mirrored selects the one-cluster-per-region layout (MirrorMaker 2):
 	// publish to Topic on this region's cluster, consume Topic and
 	// "<region>.<Topic>" for every other region. Default false: one shared
@@ -172,6 +186,12 @@ func (c *Config) validate() error {
 	if c.Topic == "" {
 		c.Topic = d.Topic
 	}
+	if c.TransferTopic == "" {
+		c.TransferTopic = kafkabus.TransferTopic(c.Topic)
+	}
+	if c.PressureInterval == 0 {
+		c.PressureInterval = rebalancer.DefaultPressureInterval
+	}
 	if c.DailyQuotaTopic == "" {
 		c.DailyQuotaTopic = d.DailyQuotaTopic
 	}
@@ -199,6 +219,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: KafkaBrokers is empty", ErrConfig)
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("%w: ShutdownTimeout %v is negative", ErrConfig, c.ShutdownTimeout)
+	case c.PressureInterval < 0:
+		return fmt.Errorf("%w: PressureInterval %v is negative", ErrConfig, c.PressureInterval)
+	case c.TransferTopic == c.Topic || c.TransferTopic == c.DailyQuotaTopic || c.TransferTopic == c.PolicyTopic:
+		return fmt.Errorf("%w: TransferTopic %q is another bus's topic: give asks and gives their own", ErrConfig, c.TransferTopic)
 	case c.UsageShards < 0:
 		return fmt.Errorf("%w: UsageShards %d is negative", ErrConfig, c.UsageShards)
 	case c.AdminTokens != nil && !c.PolicyLog:

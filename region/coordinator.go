@@ -45,6 +45,7 @@ type Coordinator struct {
 	redis    redis.UniversalClient
 	kafka    *kafkautil.Cluster
 	bus      *kafkabus.Bus
+	transfer *kafkabus.TransferBus // nil with NoTransfers
 	policies *policySet
 	rcfg     rebalancer.Config
 	observer *metrics
@@ -93,6 +94,7 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	rcfg := rebalancer.DefaultConfig()
 	rcfg.Region, rcfg.Regions, rcfg.Epoch, rcfg.MaxWait = cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait
+	rcfg.Transfers = !cfg.NoTransfers
 	if err := rcfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -140,11 +142,26 @@ func New(cfg Config) (*Coordinator, error) {
 		return fail(err)
 	}
 	c.observer = newMetrics(c.registry, cfg.Regions)
+	if !cfg.NoTransfers {
+		tcfg := kafkabus.DefaultTransferConfig()
+		tcfg.Topic = cfg.TransferTopic
+		if cfg.Mirrored {
+			tcfg.ConsumeTopics = kafkabus.MirroredTopics(cfg.TransferTopic, others(cfg)...)
+		}
+		tcfg.Now = cfg.Clock.Now
+		tcfg.OnMalformed = func(err error) {
+			c.observer.transferMalformed.Inc()
+			log.Warn("region: malformed transfer message skipped", "err", err)
+		}
+		if c.transfer, err = kafkabus.NewTransferBus(c.kafka, tcfg); err != nil {
+			return fail(err)
+		}
+	}
 	c.usage = newLoggedUsage(redisio.NewSource(c.redis, cfg.UsageShards), log, c.registry)
 	c.registerRole()
 	// Check the driver's configuration now (CollectDelay against MaxWait),
 	// so a bad one fails New and not the first term.
-	if _, _, err := c.newDriver(); err != nil {
+	if _, _, _, err := c.newDriver(); err != nil {
 		return fail(err)
 	}
 
@@ -190,17 +207,33 @@ func New(cfg Config) (*Coordinator, error) {
 // newDriver builds a term's epoch loop: a new Core (which adopts the
 // region's share records when the term takes over from another replica,
 // and warms up otherwise; see the rebalancer package doc), a new adapter on the shared bus (the caller
-// runs its consumer), and the fence.
-func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, error) {
+// runs its consumer), with transfers a new adapter on the transfer bus
+// (the caller runs its consumer too; nil without transfers), and the fence.
+func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, *kafkabus.TransferAdapter, error) {
 	core, err := rebalancer.New(c.rcfg, c.policies)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	adapter, err := kafkabus.NewAdapter(c.bus, c.rcfg.Epoch, c.cfg.Clock.Now)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	adapter.OnReject = func(err error) { c.log.Warn("region: report rejected", "err", err) }
+	var (
+		tadapter *kafkabus.TransferAdapter
+		tbus     rebalancer.TransferBus
+		pressure rebalancer.PressureSource
+	)
+	if c.transfer != nil {
+		if tadapter, err = kafkabus.NewTransferAdapter(c.transfer, c.rcfg.Epoch, c.cfg.Clock.Now); err != nil {
+			return nil, nil, nil, err
+		}
+		tadapter.OnReject = func(err error) {
+			c.observer.transferMalformed.Inc()
+			c.log.Warn("region: transfer message rejected", "err", err)
+		}
+		tbus, pressure = tadapter, redisio.NewPressureSource(c.redis, c.cfg.UsageShards, c.rcfg.Epoch, 0)
+	}
 	d, err := rebalancer.NewDriver(core, rebalancer.DriverConfig{
 		Usage:        c.usage,
 		Shares:       redisio.NewSink(c.redis, 0),
@@ -211,8 +244,12 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, error)
 		Observer:     c.loopObserver(),
 		Fence:        fenceOf{c.fence, c.name},
 		Records:      redisio.NewRecords(c.redis),
+
+		Pressure:         pressure,
+		Transfers:        tbus,
+		PressureInterval: c.cfg.PressureInterval,
 	})
-	return d, adapter, err
+	return d, adapter, tadapter, err
 }
 
 // fenceOf is the region's fence as this replica claims it.
@@ -252,6 +289,14 @@ func (o observers) Decided(i rebalancer.DecideInfo) {
 func (o observers) Received(i rebalancer.ReceiveInfo) {
 	for _, x := range o {
 		x.Received(i)
+	}
+}
+
+func (o observers) Transferred(i rebalancer.TransferInfo) {
+	for _, x := range o {
+		if t, ok := x.(rebalancer.TransferObserver); ok {
+			t.Transferred(i)
+		}
 	}
 }
 
@@ -394,7 +439,7 @@ func (c *Coordinator) followPolicies(ctx context.Context) error {
 // term is over) or the loop is fenced out (another replica claimed an
 // epoch: rebalancer.ErrFenced) or cannot read the fence.
 func (c *Coordinator) lead(ctx context.Context) error {
-	d, adapter, err := c.newDriver()
+	d, adapter, tadapter, err := c.newDriver()
 	if err != nil {
 		return err
 	}
@@ -406,6 +451,9 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { c.retry(ctx, "kafka consumer", adapter.Run) })
+	if tadapter != nil {
+		wg.Go(func() { c.retry(ctx, "transfer consumer", tadapter.Run) })
+	}
 	wg.Go(func() {
 		c.retry(ctx, "daily-quota replication", func(ctx context.Context) error { return c.dq.run(ctx, c.policies) })
 	})
@@ -433,6 +481,11 @@ func (c *Coordinator) close() {
 			c.log.Warn("region: close kafka bus", "err", err)
 		}
 	}
+	if c.transfer != nil {
+		if err := c.transfer.Close(); err != nil {
+			c.log.Warn("region: close transfer bus", "err", err)
+		}
+	}
 	if c.kafka != nil {
 		_ = c.kafka.Close()
 	}
@@ -456,6 +509,22 @@ type health struct {
 	LastCollect time.Time `json:"last_collect,omitzero"`
 	LastMode    string    `json:"last_mode,omitempty"`
 	Unwritten   int       `json:"unwritten_updates"`
+	// Transfers between decisions (absent when off or while following).
+	Transfers *transferHealth `json:"transfers,omitempty"`
+}
+
+// transferHealth is the transfer part of /healthz: what this leader's
+// term asked and gave (counts since the term started).
+type transferHealth struct {
+	LastPressure  time.Time `json:"last_pressure,omitzero"`
+	PressureKeys  int       `json:"pressure_keys"`
+	AsksSent      int64     `json:"asks_sent"`
+	AsksReceived  int64     `json:"asks_received"`
+	GivesSent     int64     `json:"gives_sent"`
+	GivesDropped  int64     `json:"gives_dropped"`
+	GivesAccepted int64     `json:"gives_accepted"`
+	GivesRefused  int64     `json:"gives_refused"`
+	LastError     string    `json:"last_error,omitempty"`
 }
 
 // healthz answers 200 when this replica follows (another leads), or leads
@@ -472,6 +541,13 @@ func (c *Coordinator) healthz(w http.ResponseWriter, _ *http.Request) {
 		h.Role = "leader"
 		st := c.Status()
 		h.LastEpoch, h.LastCollect, h.Unwritten = st.LastEpoch, st.LastCollect, st.Unwritten
+		if t := st.Transfers; t.Enabled {
+			h.Transfers = &transferHealth{LastPressure: t.LastPressure, PressureKeys: t.PressureKeys, AsksSent: t.AsksSent, AsksReceived: t.AsksReceived,
+				GivesSent: t.GivesSent, GivesDropped: t.GivesDropped, GivesAccepted: t.GivesAccepted, GivesRefused: t.GivesRefused}
+			if t.LastError != nil {
+				h.Transfers.LastError = t.LastError.Error()
+			}
+		}
 		if !st.LastDecision.IsZero() {
 			h.LastMode = st.LastMode.String()
 		}

@@ -97,9 +97,13 @@ func TestThreeCoordinators(t *testing.T) {
 		var h map[string]any
 		require.NoError(t, json.Unmarshal([]byte(body), &h))
 		assert.Equal(t, "ok", h["status"])
+		tr, ok := h["transfers"].(map[string]any)
+		require.True(t, ok, "/healthz shows the transfers: %s", body)
+		assert.NotEmpty(t, tr["last_pressure"], "the pressure marks are read: %s", body)
 		code, body = get(t, "http://"+r.c.Addr()+"/metrics")
 		assert.Equal(t, http.StatusOK, code)
-		for _, m := range []string{"quotient_coordinator_epoch_duration_seconds", "quotient_coordinator_keys", "quotient_coordinator_report_lag_seconds", "quotient_coordinator_regions_alive", `quotient_coordinator_decisions_total{late="false",mode="grow"}`, "go_goroutines"} {
+		for _, m := range []string{"quotient_coordinator_epoch_duration_seconds", "quotient_coordinator_keys", "quotient_coordinator_report_lag_seconds", "quotient_coordinator_regions_alive", `quotient_coordinator_decisions_total{late="false",mode="grow"}`, "go_goroutines",
+			`quotient_coordinator_transfer_asks_total{direction="sent"}`, `quotient_coordinator_transfer_gives_total{direction="received",outcome="accepted"}`, "quotient_coordinator_transfer_rate_moved_milli_total", "quotient_coordinator_transfer_malformed_total"} {
 			assert.Contains(t, body, m)
 		}
 	}
@@ -166,15 +170,17 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	ok.Region, ok.Regions = "a", []string{"a", "b"}
 	ok.RedisAddrs, ok.KafkaBrokers, ok.Listen, ok.Policies = []string{"127.0.0.1:1"}, []string{"127.0.0.1:2"}, "127.0.0.1:0", policies(t)
 	for want, mutate := range map[string]func(*region.Config){
-		"RedisAddrs":      func(c *region.Config) { c.RedisAddrs = nil },
-		"RedisCluster":    func(c *region.Config) { c.RedisCluster, c.RedisAddrs = true, []string{"x:1", "y:2"} },
-		"KafkaBrokers":    func(c *region.Config) { c.KafkaBrokers = nil },
-		"Policies":        func(c *region.Config) { c.Policies = c.Policies[2:] }, // no global policy left
-		"Regions":         func(c *region.Config) { c.Region = "z" },
-		"Epoch":           func(c *region.Config) { c.Epoch = time.Microsecond },
-		"brokers[0]":      func(c *region.Config) { c.KafkaBrokers = []string{"nohost"} },
-		"listen on":       func(c *region.Config) { c.Listen = "256.0.0.1:99999" },
-		"ShutdownTimeout": func(c *region.Config) { c.ShutdownTimeout = -1 },
+		"RedisAddrs":       func(c *region.Config) { c.RedisAddrs = nil },
+		"RedisCluster":     func(c *region.Config) { c.RedisCluster, c.RedisAddrs = true, []string{"x:1", "y:2"} },
+		"KafkaBrokers":     func(c *region.Config) { c.KafkaBrokers = nil },
+		"Policies":         func(c *region.Config) { c.Policies = c.Policies[2:] }, // no global policy left
+		"Regions":          func(c *region.Config) { c.Region = "z" },
+		"Epoch":            func(c *region.Config) { c.Epoch = time.Microsecond },
+		"brokers[0]":       func(c *region.Config) { c.KafkaBrokers = []string{"nohost"} },
+		"listen on":        func(c *region.Config) { c.Listen = "256.0.0.1:99999" },
+		"ShutdownTimeout":  func(c *region.Config) { c.ShutdownTimeout = -1 },
+		"PressureInterval": func(c *region.Config) { c.PressureInterval = -time.Second },
+		"TransferTopic":    func(c *region.Config) { c.TransferTopic = c.Topic },
 	} {
 		c := ok
 		mutate(&c)

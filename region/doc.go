@@ -1,6 +1,8 @@
 // Package region is one region's coordinator process: it wires the
 // rebalancer (Core and Driver) to this region's Redis (rebalancer/redisio)
-// and to Kafka (rebalancer/kafkabus); it wires the replication of global
+// and to Kafka (rebalancer/kafkabus: the usage reports, and the asks and
+// gives of share between decisions on Config.TransferTopic unless
+// Config.NoTransfers); it wires the replication of global
 // fixed windows (daily quotas: dailyquota.Driver over dailyquota/redisio
 // and dailyquota/kafkarepl on the topic quotient.daily-quota, mirrored like
 // the usage topic when Config.Mirrored); and it serves one HTTP listener

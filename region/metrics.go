@@ -30,6 +30,12 @@ type metrics struct {
 	// fallback (-1: none yet); the held gauge counts epochs from it.
 	heldFrom int64
 	errors   *prometheus.CounterVec // by kind
+
+	// Transfers between decisions (issue 17).
+	transferAsks      *prometheus.CounterVec // by direction
+	transferGives     *prometheus.CounterVec // by direction, outcome
+	transferAmount    *prometheus.CounterVec // by direction
+	transferMalformed prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
@@ -88,17 +94,85 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quotient_coordinator_errors_total",
-			Help: "Failures by kind: usage_read, publish (report not published), share_write, report (invalid report received).",
+			Help: "Failures by kind: usage_read, publish (report not published), share_write, report (invalid report received), transfer (a pressure or own-demand read, or an ask's publication, failed).",
 		}, []string{"kind"}),
 	}
+	m.transferAsks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quotient_coordinator_transfer_asks_total",
+		Help: "Asks for share between decisions: sent (published by this region; failed publications count in quotient_coordinator_errors_total{kind=\"transfer\"}) and received (other regions' asks answered, with a give or not).",
+	}, []string{"direction"})
+	m.transferGives = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quotient_coordinator_transfer_gives_total",
+		Help: "Gives of share between decisions, by direction and outcome: sent/published, sent/dropped_write (the lowered shares were not written, so the give was not sent), sent/dropped_publish (written, not published: the amount is unused until the next decision); received/accepted, received/refused_core (fallback, warm-up, not the expected transfer epoch, duplicate), received/refused_invalid (malformed).",
+	}, []string{"direction", "outcome"})
+	m.transferAmount = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quotient_coordinator_transfer_rate_moved_milli_total",
+		Help: "Rate share moved by gives, milli cost units per second summed over keys and gives: given (published by this region) and accepted (raised here; the whole amount of an accepted give, including a part the Core dropped to keep the share on one side of the default).",
+	}, []string{"direction"})
+	m.transferMalformed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quotient_coordinator_transfer_malformed_total",
+		Help: "Messages of the transfer topic skipped: undecodable, neither an ask nor a give, invalid, or of another epoch length.",
+	})
+	for _, d := range []string{"sent", "received"} {
+		m.transferAsks.WithLabelValues(d)
+	}
+	for _, o := range [][2]string{{"sent", "published"}, {"sent", "dropped_write"}, {"sent", "dropped_publish"}, {"received", "accepted"}, {"received", "refused_core"}, {"received", "refused_invalid"}} {
+		m.transferGives.WithLabelValues(o[0], o[1])
+	}
+	for _, d := range []string{"given", "accepted"} {
+		m.transferAmount.WithLabelValues(d)
+	}
+	reg.MustRegister(m.transferAsks, m.transferGives, m.transferAmount, m.transferMalformed)
 	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.usageUnknown, m.usageIncompl, m.again, m.held, m.errors)
-	for _, k := range []string{"usage_read", "publish", "share_write", "report"} {
+	for _, k := range []string{"usage_read", "publish", "share_write", "report", "transfer"} {
 		m.errors.WithLabelValues(k)
 	}
 	return m
 }
 
-var _ rebalancer.Observer = (*metrics)(nil)
+var (
+	_ rebalancer.Observer         = (*metrics)(nil)
+	_ rebalancer.TransferObserver = (*metrics)(nil)
+)
+
+// Transferred counts asks and gives.
+func (m *metrics) Transferred(t rebalancer.TransferInfo) {
+	switch t.Kind {
+	case rebalancer.PressureFailed:
+		m.errors.WithLabelValues("transfer").Inc()
+	case rebalancer.AskSent:
+		if t.Err != nil {
+			m.errors.WithLabelValues("transfer").Inc()
+			return
+		}
+		m.transferAsks.WithLabelValues("sent").Inc()
+	case rebalancer.AskReceived:
+		if t.Err != nil {
+			m.errors.WithLabelValues("transfer").Inc()
+		}
+		m.transferAsks.WithLabelValues("received").Inc()
+	case rebalancer.GiveSent:
+		switch t.Reason {
+		case "":
+			m.transferGives.WithLabelValues("sent", "published").Inc()
+			m.transferAmount.WithLabelValues("given").Add(float64(t.Amount.RateMilli))
+		case rebalancer.ReasonWrite:
+			m.transferGives.WithLabelValues("sent", "dropped_write").Inc()
+		default:
+			m.transferGives.WithLabelValues("sent", "dropped_publish").Inc()
+		}
+	case rebalancer.GiveReceived:
+		switch {
+		case t.Accepted:
+			m.transferGives.WithLabelValues("received", "accepted").Inc()
+			m.transferAmount.WithLabelValues("accepted").Add(float64(t.Amount.RateMilli))
+		case t.Reason == rebalancer.ReasonError:
+			m.transferGives.WithLabelValues("received", "refused_invalid").Inc()
+		default:
+			m.transferGives.WithLabelValues("received", "refused_core").Inc()
+		}
+	}
+}
 
 func (m *metrics) Collected(c rebalancer.CollectInfo) {
 	m.epochDuration.WithLabelValues("read").Observe(c.Read.Seconds())

@@ -103,6 +103,7 @@ func coordinatorRegionConfig(cfg coordinatorConfig, env environment) (region.Con
 	rc.RedisAddrs, rc.RedisCluster, rc.KafkaBrokers = splitList(cfg.redis), cfg.redisCluster, splitList(cfg.kafka)
 	rc.Listen, rc.Epoch, rc.MaxWait, rc.CollectDelay = cfg.listen, cfg.epoch, cfg.maxWait, cfg.collectDelay
 	rc.Topic, rc.Mirrored, rc.UsageShards = cfg.topic, cfg.mirrored, cfg.usageShards
+	rc.TransferTopic, rc.NoTransfers, rc.PressureInterval = cfg.transferTopic, !cfg.transfers, cfg.pressureInterval
 	rc.Logger = slog.New(slog.NewJSONHandler(env.stderr, &slog.HandlerOptions{Level: level}))
 	switch {
 	case cfg.region == "":
@@ -115,6 +116,10 @@ func coordinatorRegionConfig(cfg coordinatorConfig, env environment) (region.Con
 		return rc, errors.New("--kafka is empty")
 	case cfg.redisCluster && len(rc.RedisAddrs) != 1:
 		return rc, fmt.Errorf("--redis-cluster wants one configuration endpoint in --redis, got %d addresses", len(rc.RedisAddrs))
+	case cfg.pressureInterval <= 0:
+		return rc, fmt.Errorf("--pressure-interval %v: want a positive duration", cfg.pressureInterval)
+	case cfg.transferTopic != "" && (cfg.transferTopic == cfg.topic):
+		return rc, fmt.Errorf("--transfer-topic %q is --topic: asks and gives need a topic of their own", cfg.transferTopic)
 	case cfg.usageShards < 1:
 		return rc, fmt.Errorf("--usage-shards %d: want at least 1", cfg.usageShards)
 	case cfg.policies == "" && !cfg.policyLog && cfg.adminTokens == "":

@@ -10,26 +10,29 @@ import (
 // as environment variables; a test there checks that every setting it passes
 // is a flag defined here.
 type coordinatorConfig struct {
-	region       string        // this region's name
-	regions      string        // comma list of every region, this one included
-	redis        string        // comma list of Redis addresses; several mean a cluster
-	redisCluster bool          // --redis is one cluster configuration endpoint
-	kafka        string        // comma list of Kafka bootstrap brokers
-	listen       string        // address of the HTTP server (/metrics, /healthz)
-	epoch        time.Duration // rebalance interval
-	maxWait      time.Duration // wait for laggards' reports after an epoch ends
-	collectDelay time.Duration // wait for the gateways' last flush after an epoch ends
-	policies     string        // policy file (global policies are shared)
-	topic        string        // usage-report topic
-	mirrored     bool          // one Kafka cluster per region, mirrored with MirrorMaker 2
-	usageShards  int           // the gateways' usage shard count
-	logLevel     string        // debug, info, warn, error
-	policyLog    bool          // follow the policy topic (the admin API's log)
-	adminTokens  string        // token file of the admin API; implies policyLog
-	nodeName     string        // this replica's name in the region
-	gossipBind   string        // host:port of memberlist gossip; empty: single replica
-	gossipSeeds  string        // comma list of other replicas' gossip addresses
-	clockOffset  time.Duration // for tests only: this process's clock is off by this much (clock.go)
+	region           string        // this region's name
+	regions          string        // comma list of every region, this one included
+	redis            string        // comma list of Redis addresses; several mean a cluster
+	redisCluster     bool          // --redis is one cluster configuration endpoint
+	kafka            string        // comma list of Kafka bootstrap brokers
+	listen           string        // address of the HTTP server (/metrics, /healthz)
+	epoch            time.Duration // rebalance interval
+	maxWait          time.Duration // wait for laggards' reports after an epoch ends
+	collectDelay     time.Duration // wait for the gateways' last flush after an epoch ends
+	policies         string        // policy file (global policies are shared)
+	topic            string        // usage-report topic
+	transferTopic    string        // topic of asks and gives; empty: <topic>-transfers
+	transfers        bool          // asks and gives between decisions
+	pressureInterval time.Duration // how often the gateways' pressure marks are read
+	mirrored         bool          // one Kafka cluster per region, mirrored with MirrorMaker 2
+	usageShards      int           // the gateways' usage shard count
+	logLevel         string        // debug, info, warn, error
+	policyLog        bool          // follow the policy topic (the admin API's log)
+	adminTokens      string        // token file of the admin API; implies policyLog
+	nodeName         string        // this replica's name in the region
+	gossipBind       string        // host:port of memberlist gossip; empty: single replica
+	gossipSeeds      string        // comma list of other replicas' gossip addresses
+	clockOffset      time.Duration // for tests only: this process's clock is off by this much (clock.go)
 
 	redisSec  redisSecurity  // TLS and AUTH to Redis (transport.go)
 	kafkaSec  kafkaSecurity  // TLS and SASL to Kafka
@@ -57,6 +60,9 @@ func coordinatorFlagSet(cfg *coordinatorConfig) *flag.FlagSet {
 	fs.StringVar(&cfg.gossipBind, "gossip-bind", "", "host:port where this replica gossips with the region's other replicas (memberlist, TCP and UDP); empty: a single replica, always the leader")
 	fs.StringVar(&cfg.gossipSeeds, "gossip-seeds", "", "comma-separated gossip addresses of other replicas of this region to join (empty: start a new cluster)")
 	fs.StringVar(&cfg.topic, "topic", "quotient.usage", "Kafka topic of usage reports")
+	fs.StringVar(&cfg.transferTopic, "transfer-topic", "", "Kafka topic of asks and gives of share between epoch decisions (default <topic>-transfers; mirrored like --topic with --mirrored)")
+	fs.BoolVar(&cfg.transfers, "transfers", true, "move share between regions within seconds when a key's demand outruns its share (asks and gives on --transfer-topic); false: at epoch decisions only")
+	fs.DurationVar(&cfg.pressureInterval, "pressure-interval", time.Second, "how often to read the gateways' pressure marks (keys whose global policy rejected cost) and ask the other regions for share")
 	fs.BoolVar(&cfg.mirrored, "mirrored", false, "one Kafka cluster per region mirrored with MirrorMaker 2: also consume <region>.<topic> for every other region")
 	fs.IntVar(&cfg.usageShards, "usage-shards", 16, "usage shard hashes per epoch; must match the gateways")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn or error")

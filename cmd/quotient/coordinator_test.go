@@ -56,6 +56,8 @@ func TestCoordinatorBadInput(t *testing.T) {
 		{"cluster with two", append(base, "--policies", good, "--redis", "a:1,b:2", "--redis-cluster"), nil, "--redis-cluster wants one configuration endpoint"},
 		{"bad log level", append(base, "--policies", good, "--log-level", "loud"), nil, "--log-level"},
 		{"bad shards", append(base, "--policies", good, "--usage-shards", "0"), nil, "--usage-shards 0"},
+		{"bad pressure interval", append(base, "--policies", good, "--pressure-interval", "0s"), nil, "--pressure-interval 0s: want a positive duration"},
+		{"transfer topic is the usage topic", append(base, "--policies", good, "--transfer-topic", "quotient.usage"), nil, `--transfer-topic "quotient.usage" is --topic`},
 		{"unknown flag", append(base, "--nope"), nil, "flag provided but not defined: -nope"},
 		{"missing tokens", append(base, "--admin-tokens-file", "/nonexistent/tokens"), nil, "--admin-tokens-file: open /nonexistent/tokens"},
 		{"bad tokens", append(base, "--admin-tokens-file", writePolicies(t, "ops superuser 0123456789abcdef0123\n")), nil, "line 1"},

@@ -78,6 +78,22 @@
 // anything at or below it. A report whose parts did not all arrive is never
 // delivered (never half a report).
 //
+// # Transfers
+//
+// TransferBus carries the asks and gives of share between epoch decisions
+// (quotientv1.TransferMessage) on a topic of their own, by default
+// TransferTopic(DefaultTopic) = "quotient.usage-transfers", with the same
+// layouts (MirroredTopics of it for MirrorMaker 2). Key = the sending
+// region; one message per ask (a large ask is split into several asks of
+// its keys) or give (a give must fit one message); producer batches of
+// TransferConfig.BatchTimeout (2 ms); consumers long-poll every partition
+// from TransferConfig.Lookback (10 s) before now. A message that does not
+// decode or is not a valid ask or give (CheckAsk, CheckGive) is counted
+// (TransferStats.Malformed), passed to TransferConfig.OnMalformed with
+// what was wrong, and skipped. TransferAdapter makes it a
+// rebalancer.TransferBus. Delivery is at least once; the rebalancer's
+// rules make duplicates, reordering and loss safe.
+//
 // # What it does not do
 //
 // It does not interpret reports (no shares, no silence detection), keeps no

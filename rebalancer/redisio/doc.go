@@ -3,12 +3,14 @@
 // limiter.CollectUsageTotals) as a rebalancer.UsageSource, and Sink writes this
 // region's share records (the layout limiter's script reads:
 // rl:{<subject key>}:<policy>:share, hash fields r and b in milli units) as a
-// rebalancer.ShareSink. Both work on a standalone Redis and on a Redis
-// Cluster (any redis.UniversalClient).
+// rebalancer.ShareSink. PressureSource reads the gateways' pressure marks
+// (limiter.UsagePressureKey) and their current usage as a
+// rebalancer.PressureSource, for transfers between decisions. All work on
+// a standalone Redis and on a Redis Cluster (any redis.UniversalClient).
 //
 // What it does not do: it decides nothing (the rebalancer Core says what to
-// write and when records expire), keeps no state, starts no goroutines and
-// logs nothing. Source does not delete the usage it read: the gateways'
+// write and when records expire), keeps no state (but PressureSource's
+// counts of its last read), starts no goroutines and logs nothing. Source does not delete the usage it read: the gateways'
 // usage hashes expire by themselves a few epochs after theirs, and deleting
 // them would race with a gateway's late flush (the Core collects an epoch
 // only once, so reading it again changes nothing).

@@ -19,6 +19,18 @@ locals {
       }
     }
 
+    # Asks and gives of share between epoch decisions (issue 17), keyed by
+    # the sending region; each is worth about a second, so little is kept.
+    "quotient.usage-transfers" = {
+      partitions = 3
+      config = {
+        "cleanup.policy"      = "delete"
+        "retention.ms"        = "3600000"
+        "min.insync.replicas" = "2"
+        "max.message.bytes"   = "1004096"
+      }
+    }
+
     # Each region's absolute admitted count per (subject, policy, day);
     # compacted so the latest count per key survives, and deleted three
     # days after the window so old days do not pile up.

@@ -1,0 +1,187 @@
+package limiter
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// UsagePressureKey is the Redis key of epoch's pressure hash:
+// "qp:{<epoch>}". A gateway's flush (RedisUsageSink.WriteUsage) adds, for
+// every key whose global policy rejected some of the flushed cost (demand
+// > admitted), the flushed demand to field "<policy id>:<subject key>"
+// (HINCRBY, cost units), in the same pipeline as the usage counts, with the
+// usage shards' expiry (end of epoch + TTLEpochs). A field therefore holds
+// the demand of the region's pressured flushes so far in the epoch, summed
+// over the gateways; the coordinator reads it every second
+// (CollectUsagePressure) and turns what a field gained since its last read
+// into the key's demand rate, to ask other regions for share at once
+// instead of at the next epoch. One hash per epoch (one cluster slot):
+// only rejected keys are marked, at most DefaultPressureMaxKeys per flush.
+func UsagePressureKey(epoch int64) string {
+	return "qp:{" + strconv.FormatInt(epoch, 10) + "}"
+}
+
+// DefaultPressureMaxKeys bounds the keys one flush marks in the pressure
+// hash: beyond it, the keys with the most cost rejected in the flush are
+// marked and the others are not (they still ask at the next flush if they
+// stay among the most rejected, and their usage is counted as always).
+const DefaultPressureMaxKeys = 1024
+
+// markPressure queues on pipe the pressure marks of counts (see
+// UsagePressureKey).
+func (s *RedisUsageSink) markPressure(ctx context.Context, pipe redis.Pipeliner, counts []UsageCount) {
+	var marked []int
+	for i, c := range counts {
+		if c.Demand > c.Admitted {
+			marked = append(marked, i)
+		}
+	}
+	if len(marked) == 0 {
+		return
+	}
+	if len(marked) > DefaultPressureMaxKeys {
+		slices.SortStableFunc(marked, func(a, b int) int {
+			return cmp.Compare(counts[b].Demand-counts[b].Admitted, counts[a].Demand-counts[a].Admitted)
+		})
+		marked = marked[:DefaultPressureMaxKeys]
+	}
+	expired := map[int64]bool{}
+	for _, i := range marked {
+		c := counts[i]
+		key := UsagePressureKey(c.Epoch)
+		pipe.HIncrBy(ctx, key, c.PolicyID+":"+c.Subject.Key(), c.Demand)
+		if !expired[c.Epoch] {
+			expired[c.Epoch] = true
+			pipe.PExpireAt(ctx, key, time.UnixMilli((c.Epoch+1+s.ttlEpochs)*s.epochMs))
+		}
+	}
+}
+
+// UsagePressure is one field of a pressure hash: the demand a region's
+// gateways flushed so far in the epoch for a key whose policy rejected
+// some of it (see UsagePressureKey).
+type UsagePressure struct {
+	// PolicyID is the global policy.
+	PolicyID string
+	// SubjectKey is the subject, as Subject.Key (ParseSubjectKey accepts it).
+	SubjectKey string
+	// Demand is the demand of the pressured flushes, cost units, > 0.
+	Demand int64
+}
+
+// CollectUsagePressure reads at most maxKeys fields of epoch's pressure
+// hash (HSCAN, a bounded slice per call; maxKeys <= 0 means
+// DefaultPressureMaxKeys), in no particular order, and whether the hash
+// held more than that (the rest is not read). Fields it cannot parse are
+// skipped and reported in the error (wrapping ErrBadUsage) with the ones
+// it could read; an unreachable Redis is an error wrapping
+// ErrStoreUnavailable and nothing read. Safe for concurrent use.
+func CollectUsagePressure(ctx context.Context, client redis.UniversalClient, epoch int64, maxKeys int) ([]UsagePressure, bool, error) {
+	if maxKeys <= 0 {
+		maxKeys = DefaultPressureMaxKeys
+	}
+	key := UsagePressureKey(epoch)
+	var out []UsagePressure
+	seen := map[string]bool{}
+	var bad []string
+	var cursor uint64
+	for {
+		page, next, err := client.HScan(ctx, key, cursor, "", UsageScanCount).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, false, fmt.Errorf("%w: usage pressure of epoch %d: %v", ErrStoreUnavailable, epoch, err)
+		}
+		for j := 0; j+1 < len(page); j += 2 {
+			field, val := page[j], page[j+1]
+			if seen[field] {
+				continue // HSCAN may return a field twice
+			}
+			seen[field] = true
+			policy, sk, ok := strings.Cut(field, ":")
+			n, err := strconv.ParseInt(val, 10, 64)
+			if !ok || policy == "" || err != nil || n <= 0 || !validSubjectKey(sk) {
+				bad = append(bad, field)
+				continue
+			}
+			if len(out) == maxKeys {
+				return out, true, badPressure(epoch, bad)
+			}
+			out = append(out, UsagePressure{PolicyID: policy, SubjectKey: sk, Demand: n})
+		}
+		cursor = next
+		if cursor == 0 {
+			return out, false, badPressure(epoch, bad)
+		}
+	}
+}
+
+func badPressure(epoch int64, bad []string) error {
+	if len(bad) == 0 {
+		return nil
+	}
+	slices.Sort(bad)
+	return fmt.Errorf("%w: usage pressure of epoch %d: %d unparsable fields, first %q", ErrBadUsage, epoch, len(bad), bad[0])
+}
+
+// CollectUsageDemand reads the demand counted so far in epoch for keys
+// (each "<policy id>:<subject key>", as in the pressure hash) from the
+// usage shards (HMGET of their d: fields, one pipeline), in the order of
+// keys; 0 for a key with no usage. shards is the gateways' usage shard
+// count (DefaultUsageShards when <= 0). An unreachable Redis is an error
+// wrapping ErrStoreUnavailable; a field that does not parse reads as 0 and
+// is reported in an error wrapping ErrBadUsage with the others. Safe for
+// concurrent use.
+func CollectUsageDemand(ctx context.Context, client redis.UniversalClient, epoch int64, shards int, keys []string) ([]int64, error) {
+	if shards <= 0 {
+		shards = DefaultUsageShards
+	}
+	out := make([]int64, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	byShard := map[int][]int{}
+	for i, k := range keys {
+		policy, sk, _ := strings.Cut(k, ":")
+		sh := usageShard(policy, sk, shards)
+		byShard[sh] = append(byShard[sh], i)
+	}
+	pipe := client.Pipeline()
+	type get struct {
+		idx []int
+		cmd *redis.SliceCmd
+	}
+	gets := make([]get, 0, len(byShard))
+	for sh, idx := range byShard {
+		fields := make([]string, len(idx))
+		for j, i := range idx {
+			fields[j] = "d:" + keys[i]
+		}
+		gets = append(gets, get{idx: idx, cmd: pipe.HMGet(ctx, UsageKey(epoch, sh), fields...)})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("%w: usage demand of epoch %d: %v", ErrStoreUnavailable, epoch, err)
+	}
+	var bad error
+	for _, g := range gets {
+		for j, v := range g.cmd.Val() {
+			s, ok := v.(string)
+			if !ok {
+				continue // no usage yet
+			}
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || n < 0 {
+				bad = fmt.Errorf("%w: usage demand of epoch %d: field %q = %q", ErrBadUsage, epoch, "d:"+keys[g.idx[j]], s)
+				continue
+			}
+			out[g.idx[j]] = n
+		}
+	}
+	return out, bad
+}

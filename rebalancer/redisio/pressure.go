@@ -1,0 +1,175 @@
+package redisio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rebalancer"
+)
+
+// ErrPressure is wrapped by PressureSource's errors when Redis could not be
+// read.
+var ErrPressure = errors.New("redisio: pressure read failed")
+
+// PressureSource reads the gateways' pressure marks and current usage
+// from the region's Redis (limiter.UsagePressureKey, limiter.UsageKey) as
+// a rebalancer.PressureSource. It remembers the counts of its last read
+// (two epochs' pressure hashes, at most maxKeys fields each), so its
+// demand rates are what each key's marks gained since then. Safe for
+// concurrent use (calls are serialised).
+type PressureSource struct {
+	client  redis.UniversalClient
+	shards  int
+	epoch   time.Duration
+	maxKeys int
+
+	mu     sync.Mutex
+	lastAt time.Time                  // zero before the first read
+	last   map[int64]map[string]int64 // epoch -> field -> count at lastAt
+	more   int64                      // reads that found more than maxKeys fields
+}
+
+var _ rebalancer.PressureSource = (*PressureSource)(nil)
+
+// NewPressureSource returns a PressureSource on client (owned by the
+// caller) for gateways with shards usage shards
+// (limiter.DefaultUsageShards when <= 0) and epochs of epoch, reading at
+// most maxKeys pressure fields per epoch hash
+// (limiter.DefaultPressureMaxKeys when <= 0).
+func NewPressureSource(client redis.UniversalClient, shards int, epoch time.Duration, maxKeys int) *PressureSource {
+	if shards <= 0 {
+		shards = limiter.DefaultUsageShards
+	}
+	if maxKeys <= 0 {
+		maxKeys = limiter.DefaultPressureMaxKeys
+	}
+	return &PressureSource{client: client, shards: shards, epoch: epoch, maxKeys: maxKeys}
+}
+
+// Truncated returns how many reads found a pressure hash with more fields
+// than the bound (the rest was not read).
+func (p *PressureSource) Truncated() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.more
+}
+
+// Pressure implements rebalancer.PressureSource: it reads the pressure
+// hashes of now's epoch and the one before (a gateway's flush of the last
+// second of an epoch lands after it ends), and returns every key whose
+// count grew since the last read, with demand rate = growth / time since
+// that read. A field absent at the last read of its epoch counted 0 then;
+// an epoch that started after the last read counted 0 at it. The first
+// call, and the first one after a read failed, only remembers the counts.
+// Fields that do not parse are skipped (limiter.CollectUsagePressure).
+func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalancer.Pressure, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := rebalancer.EpochOf(now, p.epoch)
+	cur := make(map[int64]map[string]int64, 2)
+	for _, ep := range []int64{e - 1, e} {
+		marks, more, err := limiter.CollectUsagePressure(ctx, p.client, ep, p.maxKeys)
+		if err != nil && !errors.Is(err, limiter.ErrBadUsage) {
+			p.lastAt, p.last = time.Time{}, nil
+			return nil, fmt.Errorf("%w: %w", ErrPressure, err)
+		}
+		if more {
+			p.more++
+		}
+		m := make(map[string]int64, len(marks))
+		for _, mk := range marks {
+			m[mk.PolicyID+":"+mk.SubjectKey] = mk.Demand
+		}
+		cur[ep] = m
+	}
+	lastAt, last := p.lastAt, p.last
+	p.lastAt, p.last = now, cur
+	if lastAt.IsZero() || !now.After(lastAt) {
+		return nil, nil
+	}
+	grown := map[string]int64{}
+	for ep, m := range cur {
+		before, known := last[ep]
+		if !known && rebalancer.EpochStart(ep, p.epoch).Before(lastAt) {
+			continue // the epoch ran at the last read, which did not read it
+		}
+		for f, n := range m {
+			if d := n - before[f]; d > 0 {
+				grown[f] += d
+			}
+		}
+	}
+	elapsed := now.Sub(lastAt).Milliseconds()
+	out := make([]rebalancer.Pressure, 0, len(grown))
+	for f, d := range grown {
+		k, ok := splitField(f)
+		if !ok {
+			continue
+		}
+		out = append(out, rebalancer.Pressure{Key: k, DemandMilli: d * 1000 * 1000 / max(1, elapsed)})
+	}
+	return out, nil
+}
+
+// Demand implements rebalancer.PressureSource: each key's demand so far in
+// now's epoch, over the time the epoch has run (a slight underestimate:
+// the gateways' last flush interval is not in Redis yet); in the first
+// second of an epoch (DemandMinWindow) the previous epoch's demand is
+// added, over its length too, so that an epoch's first flushes do not
+// read as idle (which would give away share still in use). Keys without
+// usage are missing.
+func (p *PressureSource) Demand(ctx context.Context, now time.Time, keys []rebalancer.Key) ([]rebalancer.Pressure, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	fields := make([]string, len(keys))
+	for i, k := range keys {
+		fields[i] = k.PolicyID + ":" + k.Subject
+	}
+	e := rebalancer.EpochOf(now, p.epoch)
+	elapsed := now.Sub(rebalancer.EpochStart(e, p.epoch))
+	epochs := []int64{e}
+	if elapsed < DemandMinWindow && elapsed < p.epoch {
+		epochs = append(epochs, e-1)
+		elapsed += p.epoch
+	}
+	total := make([]int64, len(keys))
+	for _, ep := range epochs {
+		d, err := limiter.CollectUsageDemand(ctx, p.client, ep, p.shards, fields)
+		if err != nil && !errors.Is(err, limiter.ErrBadUsage) {
+			return nil, fmt.Errorf("%w: %w", ErrPressure, err)
+		}
+		for i := range d {
+			total[i] += d[i]
+		}
+	}
+	ms := max(1, elapsed.Milliseconds())
+	out := make([]rebalancer.Pressure, 0, len(keys))
+	for i, k := range keys {
+		if total[i] > 0 {
+			out = append(out, rebalancer.Pressure{Key: k, DemandMilli: total[i] * 1000 * 1000 / ms})
+		}
+	}
+	return out, nil
+}
+
+// DemandMinWindow is the shortest part of the current epoch that
+// PressureSource.Demand reads alone; before it, the previous epoch counts
+// too. One second: the gateways' default usage flush interval.
+const DemandMinWindow = time.Second
+
+// splitField splits "<policy id>:<subject key>" (policy ids hold no ':').
+func splitField(f string) (rebalancer.Key, bool) {
+	for i := 0; i < len(f); i++ {
+		if f[i] == ':' {
+			return rebalancer.Key{PolicyID: f[:i], Subject: f[i+1:]}, i > 0
+		}
+	}
+	return rebalancer.Key{}, false
+}

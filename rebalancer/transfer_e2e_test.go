@@ -1,0 +1,232 @@
+package rebalancer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/quotientlabs/quotient/internal/kafkautil"
+	"github.com/quotientlabs/quotient/internal/redistest"
+	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rebalancer"
+	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
+	"github.com/quotientlabs/quotient/rebalancer/redisio"
+	"github.com/quotientlabs/quotient/shares"
+)
+
+// The transfer test runs two regions on loopback: a redis-server each, one
+// kfake broker carrying reports and transfers, a coordinator each (Core +
+// Driver with PressureSource and TransferBus, redisio, kafkabus) and a
+// gateway each as a library caller (limiter.Limiter on the region's Redis,
+// flushing usage and pressure marks every 250 ms). Epochs are 4 s, so an
+// epoch decision cannot move share within the time the test allows for
+// the transfer. Every wait is bounded.
+
+const xferEpoch = 4 * time.Second
+
+type xferRegion struct {
+	name   string
+	redis  *redis.Client
+	lim    *limiter.Limiter
+	driver *rebalancer.Driver
+	obs    *xferObserver
+}
+
+// xferObserver counts transfers (from the driver's goroutine).
+type xferObserver struct {
+	mu    sync.Mutex
+	kinds map[string]int
+	moved int64 // rate milli accepted
+}
+
+func (o *xferObserver) Collected(rebalancer.CollectInfo) {}
+func (o *xferObserver) Decided(rebalancer.DecideInfo)    {}
+func (o *xferObserver) Received(rebalancer.ReceiveInfo)  {}
+func (o *xferObserver) Transferred(t rebalancer.TransferInfo) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := t.Kind.String()
+	if t.Reason != "" {
+		k += "/" + t.Reason
+	}
+	o.kinds[k]++
+	if t.Kind == rebalancer.GiveReceived && t.Accepted {
+		o.moved += t.Amount.RateMilli
+	}
+}
+
+func (o *xferObserver) snapshot() (map[string]int, int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range o.kinds {
+		out[k] = v
+	}
+	return out, o.moved
+}
+
+// TestDriverTransfersShiftWithinAnEpoch: all of a key's demand moves from
+// region a to region b right after an epoch starts; b's enforced share
+// reaches 90% of L through asks and gives before that epoch ends (so
+// before any epoch decision could grow it), and the shares the two
+// regions enforce never sum above L or B (checked every 20 ms).
+func TestDriverTransfersShiftWithinAnEpoch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the transfer test runs about 35 s; not in -short")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	require.NoError(t, err)
+	t.Cleanup(kc.Close)
+	pols, err := limiter.ParsePolicies([]byte(`[{"id":"g","algorithm":"token_bucket","rate_per_sec":200,"burst":200,"scope":"global"}]`))
+	require.NoError(t, err)
+	lim := shares.Limit{RateMilli: pols[0].RateMilli(), BurstMilli: pols[0].BurstMilli(), Regions: 2, MinCostMilli: 1000}
+	subj := limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "hot"}
+	names := []string{"a", "b"}
+
+	var demand sync.Map // region -> *atomic.Int64, requests per 10 ms
+	var wg sync.WaitGroup
+	var regions []*xferRegion
+	for _, name := range names {
+		client := redistest.StartServer(t).Client()
+		r := &xferRegion{name: name, redis: client, obs: &xferObserver{kinds: map[string]int{}}}
+		regions = append(regions, r)
+		cl, err := kafkautil.New(kafkautil.DefaultConfig(kc.ListenAddrs()...))
+		require.NoError(t, err)
+		bcfg := kafkabus.DefaultConfig()
+		bcfg.TopicPollInterval, bcfg.Lookback = 100*time.Millisecond, 10*xferEpoch
+		bus, err := kafkabus.New(cl, bcfg)
+		require.NoError(t, err)
+		tcfg := kafkabus.DefaultTransferConfig()
+		tcfg.TopicPollInterval = 100 * time.Millisecond
+		tbus, err := kafkabus.NewTransferBus(cl, tcfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = bus.Close(); _ = tbus.Close(); _ = cl.Close() })
+		ad, err := kafkabus.NewAdapter(bus, xferEpoch, nil)
+		require.NoError(t, err)
+		tad, err := kafkabus.NewTransferAdapter(tbus, xferEpoch, nil)
+		require.NoError(t, err)
+
+		cfg := rebalancer.DefaultConfig()
+		cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, names, xferEpoch, time.Second
+		cfg.SilenceEpochs, cfg.WarmupEpochs, cfg.AskInterval = 2, 3, 500*time.Millisecond
+		core, err := rebalancer.New(cfg, rebalancer.PolicyMap{"g": lim})
+		require.NoError(t, err)
+		r.driver, err = rebalancer.NewDriver(core, rebalancer.DriverConfig{
+			Usage: redisio.NewSource(client, 0), Shares: redisio.NewSink(client, 0), Bus: ad,
+			CollectDelay: 500 * time.Millisecond, Observer: r.obs,
+			Pressure: redisio.NewPressureSource(client, 0, xferEpoch, 0), Transfers: tad, PressureInterval: 250 * time.Millisecond,
+		})
+		require.NoError(t, err)
+
+		lcfg := limiter.DefaultConfig()
+		lcfg.Store, lcfg.Regions, lcfg.UsageEpoch = limiter.NewRedisStore(client), 2, xferEpoch
+		lcfg.Deadline = time.Second // a loaded machine; the deadline is not under test
+		lcfg.DenyCacheMaxKeys = -1  // every attempt reaches Redis, so demand is exact
+		r.lim, err = limiter.New(lcfg, pols)
+		require.NoError(t, err)
+		fl := limiter.NewUsageFlusher(r.lim, limiter.NewRedisUsageSink(client, 0, xferEpoch, 3), limiter.UsageFlusherConfig{Interval: 250 * time.Millisecond})
+		n := &atomic.Int64{}
+		demand.Store(name, n)
+		wg.Add(5)
+		go func() { defer wg.Done(); _ = ad.Run(ctx) }()
+		go func() { defer wg.Done(); _ = tad.Run(ctx) }()
+		go func() { defer wg.Done(); _ = r.driver.Run(ctx) }()
+		go func() { defer wg.Done(); fl.Run(ctx) }()
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				for range n.Load() {
+					if _, err := r.lim.Check(ctx, limiter.Request{Identity: limiter.Identity{APIKey: subj.Value}, Cost: 1}); err != nil {
+						return
+					}
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	setDemand := func(a, b int64) {
+		v, _ := demand.Load("a")
+		v.(*atomic.Int64).Store(a)
+		v, _ = demand.Load("b")
+		v.(*atomic.Int64).Store(b)
+	}
+	share := func(r *xferRegion) shares.Share {
+		v, err := r.redis.HMGet(ctx, limiter.ShareKey(subj, "g"), "r", "b").Result()
+		require.NoError(t, err)
+		if v[0] == nil || v[1] == nil {
+			return lim.Default()
+		}
+		var s shares.Share
+		_, err = fmt.Sscan(v[0].(string), &s.RateMilli)
+		require.NoError(t, err)
+		_, err = fmt.Sscan(v[1].(string), &s.BurstMilli)
+		require.NoError(t, err)
+		return s
+	}
+	var checks int
+	// waitUntil checks the sum every 20 ms until cond holds, or fails at
+	// the deadline; it returns when cond first held and the shares then.
+	waitUntil := func(deadline time.Time, what string, cond func(a, b shares.Share) bool) (time.Time, shares.Share, shares.Share) {
+		t.Helper()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			sa, sb := share(regions[0]), share(regions[1])
+			checks++
+			require.LessOrEqual(t, sa.RateMilli+sb.RateMilli, lim.RateMilli, "rate shares a %v b %v", sa, sb)
+			require.LessOrEqual(t, sa.BurstMilli+sb.BurstMilli, lim.BurstMilli, "burst shares a %v b %v", sa, sb)
+			if cond(sa, sb) {
+				return time.Now(), sa, sb
+			}
+			require.True(t, time.Now().Before(deadline), "%s: not by %v; shares a %v b %v", what, deadline, sa, sb)
+			<-tick.C
+		}
+	}
+
+	// Phase 1: a wants 300/s of L = 200/s, b nothing. After the warm-up
+	// (3 epochs), a holds almost all of L.
+	setDemand(3, 0)
+	_, sa, sb := waitUntil(time.Now().Add(12*xferEpoch), "a holds 90% of L", func(a, _ shares.Share) bool { return a.RateMilli >= lim.RateMilli*9/10 })
+	t.Logf("before the shift: a %v, b %v", sa, sb)
+	bBefore := sb
+
+	// Phase 2: right after the next epoch starts, all the demand moves to b.
+	next := rebalancer.EpochStart(rebalancer.EpochOf(time.Now(), xferEpoch)+1, xferEpoch).Add(100 * time.Millisecond)
+	waitUntil(next, "", func(shares.Share, shares.Share) bool { return !time.Now().Before(next) })
+	shiftAt := time.Now()
+	setDemand(0, 3)
+	epochEnd := rebalancer.EpochStart(rebalancer.EpochOf(shiftAt, xferEpoch)+1, xferEpoch)
+	at, sa, sb := waitUntil(epochEnd, "b reaches 90% of L before the shift's epoch ends (no decision could grow it by then)",
+		func(_, b shares.Share) bool { return b.RateMilli >= lim.RateMilli*9/10 })
+	took := at.Sub(shiftAt)
+	kinds, moved := regions[1].obs.snapshot()
+	t.Logf("after the shift: b reached 90%% of L in %v (a %v, b %v); b's transfers %v, %d milli/s accepted; a's %v; %d sum checks",
+		took.Round(10*time.Millisecond), sa, sb, kinds, moved, func() map[string]int { k, _ := regions[0].obs.snapshot(); return k }(), checks)
+	assert.Positive(t, kinds["give_received"], "b accepted gives")
+	assert.GreaterOrEqual(t, moved, lim.RateMilli*9/10-bBefore.RateMilli, "the gifts account for b's growth")
+	// The sum holds for two more epochs, decisions included.
+	until := at.Add(2 * xferEpoch)
+	waitUntil(until.Add(time.Second), "", func(shares.Share, shares.Share) bool { return !time.Now().Before(until) })
+	for _, r := range regions {
+		st := r.driver.Status()
+		assert.True(t, st.Transfers.Enabled)
+		assert.Zero(t, st.Unwritten, r.name)
+	}
+}

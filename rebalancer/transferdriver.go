@@ -1,0 +1,367 @@
+package rebalancer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/quotientlabs/quotient/shares"
+)
+
+// PressureSource is what a driver reads this region's demand between
+// collections from (the gateways' pressure marks and usage in Redis:
+// rebalancer/redisio). The Core never calls it.
+type PressureSource interface {
+	// Pressure returns the keys whose policy rejected demand since the
+	// last call, each with its demand rate over that time (milli cost
+	// units per second), at most a bounded number of them. The first call
+	// may return nothing (it has no earlier count to compare with). The
+	// caller owns the slice; an error means nothing was read.
+	Pressure(ctx context.Context, now time.Time) ([]Pressure, error)
+	// Demand returns this region's recent demand rate for each of keys
+	// (the current epoch's usage so far), in any order; keys without usage
+	// may be missing. The caller owns the slice; an error means nothing
+	// was read.
+	Demand(ctx context.Context, now time.Time, keys []Key) ([]Pressure, error)
+}
+
+// TransferBus carries asks and gives between regions (Kafka, at least
+// once: rebalancer/kafkabus). The Core never calls it.
+type TransferBus interface {
+	// PublishAsk sends an ask to every region. The bus does not keep a.
+	PublishAsk(ctx context.Context, a *Ask) error
+	// PublishGive sends a give. The bus does not keep g.
+	PublishGive(ctx context.Context, g *Give) error
+	// ReceiveTransfer blocks until an ask or a give of any region arrives
+	// (this one's too; exactly one of the two is set) or ctx ends. The
+	// caller owns what it returns.
+	ReceiveTransfer(ctx context.Context) (*Ask, *Give, error)
+}
+
+// DefaultPressureInterval is how often a driver with transfers reads the
+// pressure marks: the gateways' default usage flush interval.
+const DefaultPressureInterval = time.Second
+
+// TransferKind says what a TransferInfo describes.
+type TransferKind uint8
+
+const (
+	// AskSent: this region published an ask (or failed to: Err).
+	AskSent TransferKind = iota
+	// AskReceived: another region's ask was answered (a give, or nothing).
+	AskReceived
+	// GiveSent: this region lowered its shares and published a give (or
+	// dropped it: Dropped says why).
+	GiveSent
+	// GiveReceived: a give to this region was accepted (Accepted) or
+	// refused.
+	GiveReceived
+	// PressureFailed: the pressure marks could not be read (Err); nothing
+	// was asked.
+	PressureFailed
+)
+
+// String returns the kind's name.
+func (k TransferKind) String() string {
+	switch k {
+	case AskSent:
+		return "ask_sent"
+	case AskReceived:
+		return "ask_received"
+	case GiveSent:
+		return "give_sent"
+	case GiveReceived:
+		return "give_received"
+	case PressureFailed:
+		return "pressure_failed"
+	}
+	return "unknown"
+}
+
+// Reasons a give was dropped (GiveSent) or refused (GiveReceived), in
+// TransferInfo.Reason.
+const (
+	// ReasonWrite: the giver's lowered shares were not written, so the
+	// give was not published (the shares stay lowered, retried).
+	ReasonWrite = "write"
+	// ReasonPublish: the give was not published (its shares are lowered:
+	// the amount is unused until the next decision).
+	ReasonPublish = "publish"
+	// ReasonCore: the Core refused the give (fallback, warm-up, not the
+	// transfer epoch it expects, a duplicate; see Core.ReceiveGive).
+	ReasonCore = "core"
+	// ReasonError: the Core rejected a malformed give (ErrTransfer).
+	ReasonError = "invalid"
+)
+
+// TransferInfo describes one ask or give, for metrics.
+type TransferInfo struct {
+	Kind TransferKind
+	// Region is the other region: the asker of a received ask, the
+	// receiver of a sent give, the giver of a received give; empty for an
+	// ask sent.
+	Region string
+	Keys   int          // keys asked or given
+	Amount shares.Share // the give's amounts summed over its keys (gives only)
+	// Accepted: a received give raised some share (GiveReceived). A sent
+	// give was published when Reason is empty.
+	Accepted bool
+	Reason   string // why a give was dropped or refused; empty otherwise
+	Err      error  // what failed, if anything
+}
+
+// TransferObserver is implemented by an Observer that also wants the
+// transfers (called like the others: from the driver's goroutine, must
+// not block, must not keep the values).
+type TransferObserver interface {
+	Transferred(TransferInfo)
+}
+
+// TransferStatus is the transfer part of a driver's Status.
+type TransferStatus struct {
+	Enabled       bool      // the driver has a PressureSource and a TransferBus
+	LastPressure  time.Time // last pressure read that succeeded
+	PressureKeys  int       // keys under pressure at that read
+	AsksSent      int64
+	AsksReceived  int64 // asks of other regions answered
+	GivesSent     int64 // gives published
+	GivesDropped  int64 // gives whose write or publication failed
+	GivesAccepted int64 // gives to this region accepted
+	GivesRefused  int64 // gives to this region refused
+	LastError     error // the last failure of a pressure read, write or publication; nil after a success
+}
+
+// transferIn is one message from the transfer bus.
+type transferIn struct {
+	ask  *Ask
+	give *Give
+}
+
+// transferLoop is the Run loop's transfer state; the zero value (in is nil)
+// means no transfers.
+type transferLoop struct {
+	in   chan transferIn
+	next time.Time // the next pressure read
+}
+
+// startTransfers starts the transfer receiver in wg when the driver has
+// transfers configured.
+func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transferLoop {
+	if d.cfg.Transfers == nil || d.cfg.Pressure == nil {
+		return transferLoop{}
+	}
+	tr := transferLoop{in: make(chan transferIn, 64), next: d.clock.Now().Add(d.cfg.PressureInterval)}
+	d.setStatus(func(s *Status) { s.Transfers.Enabled = true })
+	wg.Go(func() {
+		for {
+			a, g, err := d.cfg.Transfers.ReceiveTransfer(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				d.log.Warn("rebalancer: transfer receive failed", "err", err)
+				c, stop := d.clock.NewTimer(d.cfg.RetryInterval)
+				select {
+				case <-ctx.Done():
+					stop()
+					return
+				case <-c:
+				}
+				continue
+			}
+			select {
+			case tr.in <- transferIn{ask: a, give: g}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	})
+	return tr
+}
+
+// transferTimeout bounds one transfer I/O call: a transfer is worth
+// something for about a pressure interval.
+func (d *Driver) transferTimeout() time.Duration {
+	return min(d.cfg.IOTimeout, max(d.cfg.PressureInterval, 500*time.Millisecond))
+}
+
+func (d *Driver) observeTransfer(info TransferInfo) {
+	d.setStatus(func(s *Status) {
+		t := &s.Transfers
+		switch info.Kind {
+		case AskSent:
+			if info.Err == nil {
+				t.AsksSent++
+			}
+		case AskReceived:
+			t.AsksReceived++
+		case GiveSent:
+			if info.Reason == "" {
+				t.GivesSent++
+			} else {
+				t.GivesDropped++
+			}
+		case GiveReceived:
+			if info.Accepted {
+				t.GivesAccepted++
+			} else {
+				t.GivesRefused++
+			}
+		}
+		if info.Err != nil {
+			t.LastError = info.Err
+		}
+	})
+	if o, ok := d.cfg.Observer.(TransferObserver); ok {
+		o.Transferred(info)
+	}
+}
+
+// pressure reads the pressure marks, passes them to the Core (a failed
+// read passes nothing: the keys stay under pressure for two AskIntervals)
+// and publishes its ask.
+func (d *Driver) pressure(ctx context.Context, now time.Time) {
+	pctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
+	ps, err := d.cfg.Pressure.Pressure(pctx, now)
+	cancel()
+	if err != nil {
+		d.log.Warn("rebalancer: pressure read failed", "err", err)
+		d.observeTransfer(TransferInfo{Kind: PressureFailed, Err: err})
+		return
+	}
+	d.setStatus(func(s *Status) { s.Transfers.LastPressure, s.Transfers.PressureKeys = now, len(ps) })
+	// Every read is passed on, an empty one too: a key is under pressure
+	// until a read no longer lists it (a region whose traffic just left
+	// gives at the next ask).
+	ask := d.core.Pressure(now, ps)
+	if ask == nil || len(ask.Keys) == 0 {
+		return
+	}
+	pctx, cancel = context.WithTimeout(ctx, d.transferTimeout())
+	err = d.cfg.Transfers.PublishAsk(pctx, ask)
+	cancel()
+	if err != nil {
+		err = fmt.Errorf("rebalancer: publish ask (%d keys): %w", len(ask.Keys), err)
+		d.log.Warn("rebalancer: ask not published; asked again after AskInterval", "err", err)
+	}
+	d.observeTransfer(TransferInfo{Kind: AskSent, Keys: len(ask.Keys), Err: err})
+}
+
+// applyTransfer handles one message of the transfer bus.
+func (d *Driver) applyTransfer(ctx context.Context, m transferIn) {
+	region := d.core.Config().Region
+	switch {
+	case m.ask != nil && m.ask.Region != region:
+		d.answerAsk(ctx, m.ask)
+	case m.give != nil && m.give.To == region:
+		d.acceptGive(ctx, m.give)
+	}
+}
+
+// answerAsk reads this region's demand for the asked keys, lets the Core
+// answer, writes the lowered shares and only then publishes the give.
+func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
+	keys := make([]Key, len(ask.Keys))
+	for i, k := range ask.Keys {
+		keys[i] = k.Key
+	}
+	now := d.clock.Now()
+	rctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
+	own, err := d.cfg.Pressure.Demand(rctx, now, keys)
+	cancel()
+	info := TransferInfo{Kind: AskReceived, Region: ask.Region, Keys: len(ask.Keys)}
+	if err != nil {
+		// Without its own demand this region cannot tell its spare: it
+		// gives nothing (the asker asks again).
+		info.Err = fmt.Errorf("rebalancer: ask of %s not answered: own demand unread: %w", ask.Region, err)
+		d.log.Warn("rebalancer: ask not answered", "err", info.Err)
+		d.observeTransfer(info)
+		return
+	}
+	now = d.clock.Now()
+	ups, give, err := d.core.ReceiveAsk(now, ask, own)
+	if err != nil {
+		info.Err = err
+		d.log.Warn("rebalancer: ask rejected", "from", ask.Region, "err", err)
+		d.observeTransfer(info)
+		return
+	}
+	d.observeTransfer(info)
+	if give == nil || len(give.Keys) == 0 {
+		d.enqueue(ups)
+		if len(ups) > 0 {
+			_ = d.flush(ctx)
+		}
+		return
+	}
+	gi := TransferInfo{Kind: GiveSent, Region: give.To, Keys: len(give.Keys), Amount: amountOf(give)}
+	// The lowered shares first: the give may only leave once no gateway
+	// enforces them any more. A failed write keeps them queued (retried;
+	// no report meanwhile) and drops the give.
+	d.enqueue(ups)
+	if err := d.flush(ctx); err != nil {
+		gi.Reason, gi.Err = ReasonWrite, fmt.Errorf("rebalancer: give %d to %s dropped: lowered shares unwritten: %w", give.ID, give.To, err)
+		d.log.Warn("rebalancer: give dropped", "err", gi.Err)
+		d.observeTransfer(gi)
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
+	err = d.cfg.Transfers.PublishGive(pctx, give)
+	cancel()
+	if err != nil {
+		gi.Reason, gi.Err = ReasonPublish, fmt.Errorf("rebalancer: give %d to %s not published (its amount is unused until the next decision): %w", give.ID, give.To, err)
+		d.log.Warn("rebalancer: give not published", "err", gi.Err)
+	}
+	d.observeTransfer(gi)
+}
+
+// acceptGive lets the Core apply a give to this region and writes the
+// raised shares (on failure they stay queued, and no report is published
+// until they are written).
+func (d *Driver) acceptGive(ctx context.Context, g *Give) {
+	ups, err := d.core.ReceiveGive(d.clock.Now(), g)
+	info := TransferInfo{Kind: GiveReceived, Region: g.From, Keys: len(g.Keys), Amount: amountOf(g)}
+	switch {
+	case err != nil:
+		info.Reason, info.Err = ReasonError, err
+		d.log.Warn("rebalancer: give rejected", "from", g.From, "id", g.ID, "err", err)
+	case len(ups) == 0:
+		info.Reason = ReasonCore
+	default:
+		info.Accepted = true
+		d.enqueue(ups)
+		if werr := d.flush(ctx); werr != nil {
+			info.Err = fmt.Errorf("rebalancer: accepted give %d of %s: raised shares unwritten (retried): %w", g.ID, g.From, werr)
+		}
+	}
+	d.observeTransfer(info)
+}
+
+func amountOf(g *Give) shares.Share {
+	var s shares.Share
+	for _, k := range g.Keys {
+		s.RateMilli += k.Amount.RateMilli
+		s.BurstMilli += k.Amount.BurstMilli
+	}
+	return s
+}
+
+// errNoTransfers is returned by validateTransfers for half a setup.
+var errNoTransfers = errors.New("set both or neither")
+
+// validateTransfers checks the transfer fields of cfg and fills their
+// defaults.
+func validateTransfers(cfg *DriverConfig) error {
+	if (cfg.Pressure == nil) != (cfg.Transfers == nil) {
+		return fmt.Errorf("%w: driver: Pressure and Transfers: %w", ErrConfig, errNoTransfers)
+	}
+	if cfg.PressureInterval == 0 {
+		cfg.PressureInterval = DefaultPressureInterval
+	}
+	if cfg.PressureInterval < 0 {
+		return fmt.Errorf("%w: driver: PressureInterval %v is negative", ErrConfig, cfg.PressureInterval)
+	}
+	return nil
+}

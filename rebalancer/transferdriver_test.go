@@ -1,0 +1,227 @@
+package rebalancer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quotientlabs/quotient/shares"
+)
+
+var (
+	_ TransferBus    = (*memTransfers)(nil)
+	_ PressureSource = (*fakePressure)(nil)
+)
+
+// memTransfers is one region's port on an in-memory transfer bus: every
+// ask and give reaches every region (its own too) after 5 ms.
+type memTransfers struct {
+	w      *world
+	region string
+	inbox  chan transferIn
+	all    map[string]*memTransfers
+
+	mu    sync.Mutex
+	gives []*Give // published by this region
+	fail  bool    // publications fail
+}
+
+func (m *memTransfers) send(in transferIn) {
+	for _, p := range m.all {
+		time.AfterFunc(5*time.Millisecond, func() { p.inbox <- in })
+	}
+}
+
+func (m *memTransfers) PublishAsk(_ context.Context, a *Ask) error {
+	c := *a
+	m.send(transferIn{ask: &c})
+	return nil
+}
+
+func (m *memTransfers) PublishGive(_ context.Context, g *Give) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail {
+		return errors.New("fake: transfer bus unavailable")
+	}
+	c := *g
+	m.gives = append(m.gives, &c)
+	m.send(transferIn{give: &c})
+	return nil
+}
+
+func (m *memTransfers) published() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.gives)
+}
+
+func (m *memTransfers) ReceiveTransfer(ctx context.Context) (*Ask, *Give, error) {
+	select {
+	case in := <-m.inbox:
+		return in.ask, in.give, nil
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+}
+
+// fakePressure reads the world's demand (per epoch) as the rate.
+type fakePressure struct {
+	w      *world
+	region string
+	epoch  time.Duration
+}
+
+func (p *fakePressure) rate(now time.Time, k Key) int64 {
+	p.w.mu.Lock()
+	defer p.w.mu.Unlock()
+	return p.w.demand(p.region, EpochOf(now, p.epoch), k) * 1_000_000 / p.epoch.Milliseconds()
+}
+
+// Pressure returns the keys whose demand is above the enforced share (the
+// gateways reject some of it).
+func (p *fakePressure) Pressure(_ context.Context, now time.Time) ([]Pressure, error) {
+	var out []Pressure
+	for _, k := range p.w.keys {
+		d := p.rate(now, k)
+		p.w.mu.Lock()
+		share := p.w.enforcedLocked(p.region, k, now)
+		p.w.mu.Unlock()
+		if d > share.RateMilli {
+			out = append(out, Pressure{Key: k, DemandMilli: d})
+		}
+	}
+	return out, nil
+}
+
+func (p *fakePressure) Demand(_ context.Context, now time.Time, keys []Key) ([]Pressure, error) {
+	var out []Pressure
+	for _, k := range keys {
+		out = append(out, Pressure{Key: k, DemandMilli: p.rate(now, k)})
+	}
+	return out, nil
+}
+
+// transferLog records the transfers a driver reports.
+type transferLog struct {
+	observerLog
+	tmu   sync.Mutex
+	infos []TransferInfo
+}
+
+func (l *transferLog) Transferred(t TransferInfo) {
+	l.tmu.Lock()
+	defer l.tmu.Unlock()
+	l.infos = append(l.infos, t)
+}
+
+func (l *transferLog) count(kind TransferKind, reason string) int {
+	l.tmu.Lock()
+	defer l.tmu.Unlock()
+	n := 0
+	for _, t := range l.infos {
+		if t.Kind == kind && t.Reason == reason {
+			n++
+		}
+	}
+	return n
+}
+
+// TestDriverGiveWaitsForItsWrite: a giver whose share writes fail
+// publishes no give (the lowered shares are not enforced yet), and a give
+// that cannot be published is counted and never reaches the asker; once both work,
+// gives flow and the asker grows within the epoch of the shift (4 s
+// epochs: no decision grows it meanwhile). The enforced sum is checked
+// after every write and every 50 ms.
+func TestDriverGiveWaitsForItsWrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const epoch = 4 * time.Second
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us"}, lim, keys)
+		// busy: all the demand in region at from epoch m on, before it in
+		// region was (the usage of an epoch is what it had).
+		busy := func(was, at string, m int64) func(string, int64, Key) int64 {
+			return func(region string, e int64, _ Key) int64 {
+				if e >= m && region == at || e < m && region == was {
+					return 4000 // 1000/s
+				}
+				return 0
+			}
+		}
+		w.demand = busy("eu", "eu", 0)
+		ctx, cancel := context.WithCancel(t.Context())
+		all := map[string]*memTransfers{}
+		logs := map[string]*transferLog{}
+		for _, name := range w.regions {
+			all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: all}
+		}
+		for _, name := range w.regions {
+			cfg := driverTestConfig()
+			cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, w.regions, epoch, time.Second
+			core, err := New(cfg, PolicyMap{"p": lim})
+			require.NoError(t, err)
+			logs[name] = &transferLog{}
+			d, err := NewDriver(core, DriverConfig{
+				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
+				Observer: logs[name], Pressure: &fakePressure{w: w, region: name, epoch: epoch}, Transfers: all[name],
+				PressureInterval: 200 * time.Millisecond,
+			})
+			require.NoError(t, err)
+			go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
+		}
+		// shift moves the demand to region at 100 ms into the next epoch
+		// (that epoch's usage is at's), with mutate applied first.
+		where := "eu"
+		shift := func(at string, mutate func()) {
+			m := EpochOf(time.Now(), epoch) + 1
+			time.Sleep(time.Until(EpochStart(m, epoch).Add(100 * time.Millisecond)))
+			w.mu.Lock()
+			mutate()
+			w.demand = busy(where, at, m)
+			w.mu.Unlock()
+			where = at
+		}
+		w.watch(12*epoch, keys[0])
+		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L")
+
+		// The demand moves to us while eu cannot write: eu answers us's
+		// asks but publishes no give.
+		before := all["eu"].published()
+		shift("us", func() { w.writeFail["eu"] = true })
+		w.watch(epoch-500*time.Millisecond, keys[0])
+		assert.Equal(t, before, all["eu"].published(), "no give while its lowered shares are unwritten")
+		assert.Positive(t, logs["eu"].count(GiveSent, ReasonWrite), "gives dropped for the write")
+		assert.LessOrEqual(t, w.enforced("us", keys[0]).RateMilli, lim.Default().RateMilli, "us got nothing within the epoch")
+
+		// Back to eu; then the shift again with eu's publications failing.
+		shift("eu", func() { w.writeFail["eu"] = false })
+		w.watch(4*epoch, keys[0])
+		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L again")
+		shift("us", func() { all["eu"].fail = true })
+		w.watch(epoch-500*time.Millisecond, keys[0])
+		// (The lowered share is in eu's next report, so the next decision
+		// may hand it out: the epoch path, not a gift.)
+		assert.Positive(t, logs["eu"].count(GiveSent, ReasonPublish), "gives not published")
+		assert.Zero(t, logs["us"].count(GiveReceived, ""), "us accepted no give")
+
+		// Both work: us gets its share from gives within the epoch.
+		shift("eu", func() { all["eu"].fail = false })
+		w.watch(4*epoch, keys[0])
+		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L again")
+		shift("us", func() {})
+		w.watch(epoch-500*time.Millisecond, keys[0])
+		assert.Greater(t, w.enforced("us", keys[0]).RateMilli, lim.RateMilli*9/10, "us holds most of L within the epoch")
+		assert.Positive(t, logs["us"].count(GiveReceived, ""), "us accepted gives")
+		t.Logf("eu: %d gives published, %d dropped for the write, %d not published; %d sum checks",
+			all["eu"].published(), logs["eu"].count(GiveSent, ReasonWrite), logs["eu"].count(GiveSent, ReasonPublish), w.checks)
+		cancel()
+		synctest.Wait()
+	})
+}
