@@ -73,43 +73,6 @@ func TestCollectUsageExactAtScanBoundaries(t *testing.T) {
 	}
 }
 
-// roundTimer is a go-redis hook that records, for every pipeline its
-// client sends, the CPU time redis-server's main thread spent on it
-// (redistest.Server.MainThreadTimes before and after, the server idle at
-// both readings) and whether the kernel preempted the thread meanwhile.
-type roundTimer struct {
-	srv    *redistest.Server
-	ctx    context.Context
-	cpu    []time.Duration
-	preemp int64
-	err    error
-}
-
-func (h *roundTimer) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *roundTimer) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-
-func (h *roundTimer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		before, err := h.srv.MainThreadTimes(h.ctx)
-		if err != nil {
-			h.err = errors.Join(h.err, err)
-			return next(ctx, cmds)
-		}
-		perr := next(ctx, cmds)
-		after, err := h.srv.MainThreadTimes(h.ctx)
-		if err != nil {
-			h.err = errors.Join(h.err, err)
-			return perr
-		}
-		h.cpu = append(h.cpu, after.CPU-before.CPU)
-		h.preemp += after.Preempted - before.Preempted
-		return perr
-	}
-}
-
-var _ redis.Hook = (*roundTimer)(nil)
-
 // TestCollectUsageRoundsStayShort: collecting 100,000 keys (200,000
 // fields over the default 16 shards, 12,500 each) never holds
 // redis-server for 1 ms: no pipeline round of CollectUsageTotals costs
@@ -155,15 +118,15 @@ func TestCollectUsageRoundsStayShort(t *testing.T) {
 	}
 
 	// A client of its own, so that the hook sees only the collection.
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DisableIdentity: true})
 	defer client.Close()
 	require.NoError(t, client.ConfigSet(ctx, "slowlog-log-slower-than", "1000").Err())
 	require.NoError(t, client.SlowLogReset(ctx).Err())
-	timer := &roundTimer{srv: srv, ctx: ctx}
+	timer := redistest.NewPipelineCPU(ctx, srv)
 	client.AddHook(timer)
 	got, err := CollectUsageTotals(ctx, client, epoch, 0)
 	require.NoError(t, err)
-	require.NoError(t, timer.err)
+	require.NoError(t, timer.Err)
 	slow, err := client.SlowLogGet(ctx, -1).Result()
 	require.NoError(t, err)
 
@@ -173,15 +136,15 @@ func TestCollectUsageRoundsStayShort(t *testing.T) {
 		sum += u.Demand + u.Admitted
 	}
 	assert.Equal(t, want, sum, "exact totals")
-	require.NotEmpty(t, timer.cpu)
-	cpu := slices.Clone(timer.cpu)
+	require.NotEmpty(t, timer.Rounds)
+	cpu := slices.Clone(timer.Rounds)
 	slices.Sort(cpu)
 	var total time.Duration
 	for _, d := range cpu {
 		total += d
 	}
 	t.Logf("%d rounds: redis-server CPU per round median %v, longest %v, total %v; preempted %d times; %d SLOWLOG entries of 1 ms or more",
-		len(cpu), cpu[len(cpu)/2], cpu[len(cpu)-1], total, timer.preemp, len(slow))
+		len(cpu), cpu[len(cpu)/2], cpu[len(cpu)-1], total, timer.Preempted, len(slow))
 	for _, e := range slow {
 		t.Logf("SLOWLOG %v %q", e.Duration, e.Args)
 	}
