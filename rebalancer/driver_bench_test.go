@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -78,6 +79,20 @@ func BenchmarkEpoch100kKeys(b *testing.B) {
 //     100 µs; the longest is also logged with its name, and the commands of
 //     1 ms or more per command name). The benchmark's own SLOWLOG RESET is
 //     not counted (it frees up to 100,000 entries and can take 19 ms).
+//     SLOWLOG times commands by the wall clock, so a command during which
+//     the kernel preempted redis-server counts as long however little it
+//     did: redis-preempted/epoch is how often that happened to its main
+//     thread during the epoch. The probe's own commands (below) are not
+//     counted there but in gw-redis-over-1ms/epoch;
+//   - gw-p50-us/PHASE and gw-p99-us/PHASE: the latency of a gateway-like
+//     probe (a limiter Allow on a RedisStore of its own client, every
+//     2 ms, no deadline) by phase: "between" (a second before the epoch
+//     with only the probe running), "read" (the coordinator reading
+//     usage), "coordinator" (its CPU-only phases), "write" (its share
+//     writes) and "flush" (the setup's usage flushes, 100,000 counts a
+//     pipeline, heavier than gateways' flushes). The probe runs in the
+//     benchmark's process, so its latency also includes waiting for a CPU
+//     while the coordinator computes.
 //
 // The million-key size takes minutes and several GB of memory, so it runs
 // only with QUOTIENT_BENCH_1M=1 (make bench-scale); without it it is
@@ -153,7 +168,11 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	require.NoError(b, client.ConfigSet(ctx, "slowlog-log-slower-than", "100").Err())
 	require.NoError(b, client.ConfigSet(ctx, "slowlog-max-len", "100000").Err())
 	emptyMem := redisMemory(ctx, b, client)
-	gw := limiter.NewRedisUsageSink(client, 0, epoch, 100)
+	// The setup's usage flushes (100,000 counts a pipeline) take seconds
+	// on a loaded machine: their own client, past go-redis's 3 s default.
+	flushClient := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	defer flushClient.Close()
+	gw := limiter.NewRedisUsageSink(flushClient, 0, epoch, 100)
 	src, sink := redisio.NewSource(client, 0), redisio.NewSink(client, 0)
 
 	lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
@@ -167,6 +186,14 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	core, err := rebalancer.New(cfg, rebalancer.PolicyMap{"g": lim})
 	require.NoError(b, err)
 	base := rebalancer.EpochOf(time.Now(), epoch) // usage keys expire relative to real time
+
+	// A gateway of the region, checking one subject against the same
+	// redis-server every 2 ms through the limiter (its token-bucket
+	// script, as a gateway's Check runs it; no deadline or breaker, so the
+	// latency is what Redis and the machine gave it). Each latency is
+	// filed under the phase it ended in (probePhase).
+	pr := startProbe(ctx, b, srv.Addr())
+	defer pr.stop()
 
 	// prepare writes epoch m's usage to Redis and publishes the other
 	// regions' reports of m (untimed); it returns the Redis memory the
@@ -203,6 +230,9 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 			}
 			require.NoError(b, ad.Publish(ctx, r))
 		}
+		// Between collections: a second with only the gateway probe.
+		pr.phase.Store(probeBetween)
+		time.Sleep(time.Second)
 		return usageMem
 	}
 
@@ -221,13 +251,19 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	var slowest slowEntry
 	var slow []slowEntry // the commands of 1 ms or more, for the log
 	over1ms := 0
+	var preempted int64 // redis-server's main thread, during the measured epochs
+	probeOver1ms := 0   // SLOWLOG entries of the probe's commands of 1 ms or more
 	step := func(m int64) {
 		now := rebalancer.EpochStart(m+1, epoch).Add(time.Second)
 		require.NoError(b, client.Do(ctx, "SLOWLOG", "RESET").Err())
+		t0, err := srv.MainThreadTimes(ctx)
+		require.NoError(b, err)
 		tick(0)
+		pr.phase.Store(probeRead)
 		usage, err := src.Usage(ctx, m)
 		require.NoError(b, err)
 		require.Equal(b, nkeys, len(usage))
+		pr.phase.Store(probeCoordinator)
 		tick(1)
 		pub, err := core.Collect(now, usage)
 		require.NoError(b, err)
@@ -236,7 +272,9 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		tick(2)
 		// The driver writes the shares given up at collection before
 		// publishing the report that claims them.
+		pr.phase.Store(probeWrite)
 		require.NoError(b, sink.Write(ctx, pub.Updates))
+		pr.phase.Store(probeCoordinator)
 		tick(3)
 		want := 2 // the two other regions' reports
 		if pub.Report != nil {
@@ -261,8 +299,13 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		d, err := core.Decide(now)
 		require.NoError(b, err)
 		tick(6)
+		pr.phase.Store(probeWrite)
 		require.NoError(b, sink.Write(ctx, d.Updates))
+		pr.phase.Store(probeFlush) // the next epoch's setup: the gateways' usage flushes
 		tick(7)
+		t1, err := srv.MainThreadTimes(ctx)
+		require.NoError(b, err)
+		preempted += t1.Preempted - t0.Preempted
 		for i := range phaseNames {
 			wall[i] += mark[i+1].wall - mark[i].wall
 			cpu[i] += mark[i+1].cpu - mark[i].cpu
@@ -273,6 +316,12 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		for _, e := range slowLog(ctx, b, client) {
 			if strings.HasPrefix(strings.ToUpper(e.cmd), "SLOWLOG") {
 				continue // the benchmark's own SLOWLOG RESET, not the coordinator's
+			}
+			if e.client == probeClient {
+				if e.dur >= time.Millisecond {
+					probeOver1ms++ // the gateway probe's own commands
+				}
+				continue
 			}
 			if e.dur >= time.Millisecond {
 				over1ms++
@@ -293,8 +342,9 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		m++
 	}
 	wall, cpu, rcpu, updates, shrinks = [7]time.Duration{}, [7]time.Duration{}, [7]time.Duration{}, 0, 0
-	slowest, over1ms, slow, rawBytes = slowEntry{}, 0, nil, 0
+	slowest, over1ms, slow, rawBytes, preempted, probeOver1ms = slowEntry{}, 0, nil, 0, 0, 0
 	produced.Store(0)
+	pr.reset()
 	var usageMem int64
 	profile := os.Getenv("QUOTIENT_BENCH_CPUPROFILE")
 	n := 0
@@ -336,6 +386,17 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	b.ReportMetric(float64(usageMem)/float64(n)/float64(nkeys), "redis-usage-B/key")
 	b.ReportMetric(float64(slowest.dur.Microseconds()), "redis-max-us")
 	b.ReportMetric(float64(over1ms)/float64(n), "redis-over-1ms/epoch")
+	b.ReportMetric(float64(preempted)/float64(n), "redis-preempted/epoch")
+	b.ReportMetric(float64(probeOver1ms)/float64(n), "gw-redis-over-1ms/epoch")
+	for ph, name := range probeNames {
+		lat := pr.latencies(int32(ph))
+		if len(lat) == 0 {
+			continue
+		}
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "gw-p50-us/"+name)
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "gw-p99-us/"+name)
+		b.Logf("%d keys: gateway probe during %s: %d checks, p50 %v, p99 %v, max %v", nkeys, name, len(lat), lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1])
+	}
 	if slowest.dur > 0 {
 		b.Logf("%d keys: longest redis command %v: %s", nkeys, slowest.dur, slowest.cmd)
 	}
@@ -373,6 +434,88 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	b.ReportMetric(float64(int64(withCore)-int64(ms.HeapAlloc))/float64(nkeys), "core-B/key")
 }
 
+// Phases of the gateway probe (benchEpoch): between collections (only
+// the probe), the coordinator reading usage, its CPU-only phases
+// (collect, publish, consume, decide), its share writes, and the
+// benchmark's setup of the next epoch (the gateways' usage flushes).
+const (
+	probeBetween int32 = iota
+	probeRead
+	probeCoordinator
+	probeWrite
+	probeFlush
+)
+
+var probeNames = []string{"between", "read", "coordinator", "write", "flush"}
+
+// probeClient is the probe's client name (CLIENT SETNAME), by which its
+// own commands are told apart in SLOWLOG.
+const probeClient = "gateway-probe"
+
+// probe is a gateway-like Check loop against redis-server (startProbe).
+type probe struct {
+	phase atomic.Int32
+	mu    sync.Mutex
+	lat   [5][]time.Duration
+	stop  func()
+}
+
+// startProbe starts a limiter on a RedisStore of its own client to addr,
+// checking one API key every 2 ms until stop.
+func startProbe(ctx context.Context, b *testing.B, addr string) *probe {
+	pols, err := limiter.ParsePolicies([]byte(`[{"id": "probe", "subject": "api_key",
+		"algorithm": "token_bucket", "rate_per_sec": 1000000, "burst": 1000000}]`))
+	require.NoError(b, err)
+	c := redis.NewClient(&redis.Options{Addr: addr, ClientName: probeClient})
+	l, err := limiter.New(limiter.Config{Store: limiter.NewRedisStore(c), Deadline: time.Minute,
+		Breaker: limiter.BreakerConfig{Disabled: true}}, pols)
+	require.NoError(b, err)
+	p := &probe{}
+	p.phase.Store(probeFlush)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		subj := limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "probe"}
+		tk := time.NewTicker(2 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+			}
+			t0 := time.Now()
+			_, err := l.Allow(ctx, subj, pols...)
+			d := time.Since(t0)
+			if err != nil {
+				continue // the benchmark is ending
+			}
+			ph := p.phase.Load()
+			p.mu.Lock()
+			p.lat[ph] = append(p.lat[ph], d)
+			p.mu.Unlock()
+		}
+	}()
+	p.stop = func() { cancel(); <-done; _ = c.Close() }
+	return p
+}
+
+func (p *probe) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lat = [5][]time.Duration{}
+}
+
+// latencies returns the latencies of phase ph, sorted.
+func (p *probe) latencies(ph int32) []time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := slices.Clone(p.lat[ph])
+	slices.Sort(out)
+	return out
+}
+
 // redisMemory returns redis-server's used_memory (INFO memory), bytes.
 func redisMemory(ctx context.Context, b *testing.B, c *redis.Client) int64 {
 	info, err := c.Info(ctx, "memory").Result()
@@ -391,8 +534,9 @@ func redisMemory(ctx context.Context, b *testing.B, c *redis.Client) int64 {
 // slowEntry is one SLOWLOG entry: how long the command ran on
 // redis-server and the command with its first argument.
 type slowEntry struct {
-	dur time.Duration
-	cmd string
+	dur    time.Duration
+	cmd    string
+	client string // the client's name (CLIENT SETNAME), if any
 }
 
 // slowLog returns every SLOWLOG entry.
@@ -405,7 +549,7 @@ func slowLog(ctx context.Context, b *testing.B, c *redis.Client) []slowEntry {
 		if len(args) > 2 {
 			args = args[:2]
 		}
-		out = append(out, slowEntry{dur: l.Duration, cmd: strings.Join(args, " ")})
+		out = append(out, slowEntry{dur: l.Duration, cmd: strings.Join(args, " "), client: l.ClientName})
 	}
 	return out
 }

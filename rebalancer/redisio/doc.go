@@ -10,10 +10,13 @@
 //
 // What it does not do: it decides nothing (the rebalancer Core says what to
 // write and when records expire), keeps no state (but PressureSource's
-// counts of its last read), starts no goroutines and logs nothing. Source does not delete the usage it read: the gateways'
-// usage hashes expire by themselves a few epochs after theirs, and deleting
-// them would race with a gateway's late flush (the Core collects an epoch
-// only once, so reading it again changes nothing).
+// counts of its last read), starts no goroutines and logs nothing. Source
+// does not delete the usage it just read (deleting it would race with a
+// gateway's late flush; the Core collects an epoch only once, so reading
+// it again changes nothing); it unlinks the usage of the epoch
+// UnlinkLagEpochs before, which no gateway writes any more, so that
+// redis-server does not free a big usage hash in the foreground when it
+// expires.
 //
 // Invariants:
 //   - A share record is written atomically with its expiry (inside one Lua
