@@ -298,12 +298,15 @@ func TestRejectedDemandCounts(t *testing.T) {
 }
 
 // TestPartitionThenHeal cuts ap off (both ways) for ten epochs while eu has
-// the demand. Every region that misses a region's reports for K epochs
-// falls back to at most the default (ap, and eu and us too: they cannot
-// tell whether ap still hears them); after K+1 epochs eu and us assume ap
-// at exactly the default. The harness checks after every write that the
-// enforced sum stays within L. After the heal, shares follow the demand
-// again.
+// the demand. ap, which misses every region's reports for K epochs, falls
+// back to at most the default. eu and us still hear each other: they are a
+// majority (two of three), so by the majority rule they do not fall back;
+// they hold while ap's reports are missing, and after K+1 epochs, when no
+// region they know of has heard ap, they count ap at exactly the default
+// and eu keeps serving above the default. The harness checks after every
+// write that the enforced sum stays within L. After the heal, shares
+// follow the demand again. (Before the heard matrix eu and us fell back
+// too.)
 func TestPartitionThenHeal(t *testing.T) {
 	ap := 0 // regions are sorted: ap, eu, us
 	from, to := e0+10, e0+20
@@ -326,19 +329,24 @@ func TestPartitionThenHeal(t *testing.T) {
 		c.step(e, demand)
 	}
 	const k = 3
-	for _, name := range []string{"ap", "eu", "us"} {
-		h := c.regs[c.index(name)]
-		for _, d := range h.decisions[from-e0+k : to-e0] {
-			assert.Equal(t, shares.Fallback, d.Mode, "%s decision %d", name, d.Epoch-e0)
-		}
-		assert.LessOrEqual(t, c.share(name, hot, to).RateMilli, def.RateMilli, name)
+	h := c.regs[ap]
+	for _, d := range h.decisions[from-e0+k : to-e0] {
+		assert.Equal(t, shares.Fallback, d.Mode, "ap decision %d", d.Epoch-e0)
 	}
+	assert.LessOrEqual(t, c.share("ap", hot, to).RateMilli, def.RateMilli)
 	for _, name := range []string{"eu", "us"} {
 		h := c.regs[c.index(name)]
+		for _, d := range h.decisions[from-e0 : to-e0] {
+			assert.NotEqual(t, shares.Fallback, d.Mode, "%s decision %d", name, d.Epoch-e0)
+		}
 		for _, d := range h.decisions[from-e0+k+1 : to-e0] {
 			assert.Equal(t, []string{"ap"}, d.Silent, "%s decision %d", name, d.Epoch-e0)
+			assert.Equal(t, shares.Grow, d.Mode, "%s decision %d", name, d.Epoch-e0)
 		}
 	}
+	// eu serves above the default, up to what ap's default leaves.
+	assert.Greater(t, c.share("eu", hot, to).RateMilli, def.RateMilli*3/2)
+	assert.LessOrEqual(t, c.share("eu", hot, to).RateMilli+c.share("us", hot, to).RateMilli, lim.RateMilli-def.RateMilli)
 	for e := to; e < to+8; e++ {
 		c.step(e, demand)
 	}
