@@ -21,6 +21,10 @@ var (
 func testConfig(region string, regions ...string) Config {
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Regions = region, regions
+	// The timelines of these tests count a warm-up of K+1 epochs (the
+	// default before the partition rule's majority, which needs 2K-1 and
+	// is tested in heard_test.go).
+	cfg.WarmupEpochs = cfg.SilenceEpochs + 1
 	return cfg
 }
 
@@ -69,7 +73,7 @@ func TestConfigValidate(t *testing.T) {
 	assert.Equal(t, 10*time.Second, cfg.Epoch)
 	assert.Equal(t, 2*time.Second, cfg.MaxWait)
 	assert.Equal(t, int64(5), cfg.SilenceEpochs)
-	assert.Equal(t, int64(6), cfg.WarmupEpochs)
+	assert.Equal(t, int64(9), cfg.WarmupEpochs)
 	assert.Equal(t, int64(500), cfg.RiseSmoothingPermille)
 	assert.False(t, cfg.ShrinkAtCollect)
 	assert.Equal(t, int64(360), cfg.IdleTTLEpochs)
@@ -187,6 +191,7 @@ func TestShrinkAtCollectFollowsAShiftInOneEpoch(t *testing.T) {
 	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}}
 	cfg := DefaultConfig()
 	cfg.ShrinkAtCollect = true
+	cfg.WarmupEpochs = cfg.SilenceEpochs + 1 // the timeline counts K+1 (see testConfig)
 	c := newCluster(t, rand.New(rand.NewPCG(1, 1)), three, cfg, pol, []Key{hot}, perfect{})
 	c.fixRegions()
 	c.deliverFirst = true
@@ -270,7 +275,7 @@ func TestDemandMovesAndSharesFollowWithinTwoEpochs(t *testing.T) {
 // gets a bigger share, because demand counts attempts, not admissions.
 func TestRejectedDemandCounts(t *testing.T) {
 	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 3_000_000, Regions: 2}}
-	cfg := DefaultConfig()
+	cfg := testConfig("", "a", "b")
 	a, err := New(testConfig("a", "a", "b"), pol)
 	require.NoError(t, err)
 	b, err := New(func() Config { c := cfg; c.Region, c.Regions = "b", []string{"a", "b"}; return c }(), pol)
@@ -298,15 +303,13 @@ func TestRejectedDemandCounts(t *testing.T) {
 }
 
 // TestPartitionThenHeal cuts ap off (both ways) for ten epochs while eu has
-// the demand. ap, which misses every region's reports for K epochs, falls
-// back to at most the default. eu and us still hear each other: they are a
-// majority (two of three), so by the majority rule they do not fall back;
-// they hold while ap's reports are missing, and after K+1 epochs, when no
-// region they know of has heard ap, they count ap at exactly the default
-// and eu keeps serving above the default. The harness checks after every
-// write that the enforced sum stays within L. After the heal, shares
-// follow the demand again. (Before the heard matrix eu and us fell back
-// too.)
+// the demand. Every region that misses a region's reports for K epochs
+// falls back to at most the default (ap, and eu and us too: they cannot
+// tell whether ap still hears them); after K+1 epochs eu and us assume ap
+// at exactly the default. The harness checks after every write that the
+// enforced sum stays within L. After the heal, shares follow the demand
+// again. This cluster's warm-up (K+1) is too short for the majority rule
+// (it needs 2K-1; see TestMajorityKeepsServingThroughAPartition).
 func TestPartitionThenHeal(t *testing.T) {
 	ap := 0 // regions are sorted: ap, eu, us
 	from, to := e0+10, e0+20
@@ -329,24 +332,19 @@ func TestPartitionThenHeal(t *testing.T) {
 		c.step(e, demand)
 	}
 	const k = 3
-	h := c.regs[ap]
-	for _, d := range h.decisions[from-e0+k : to-e0] {
-		assert.Equal(t, shares.Fallback, d.Mode, "ap decision %d", d.Epoch-e0)
+	for _, name := range []string{"ap", "eu", "us"} {
+		h := c.regs[c.index(name)]
+		for _, d := range h.decisions[from-e0+k : to-e0] {
+			assert.Equal(t, shares.Fallback, d.Mode, "%s decision %d", name, d.Epoch-e0)
+		}
+		assert.LessOrEqual(t, c.share(name, hot, to).RateMilli, def.RateMilli, name)
 	}
-	assert.LessOrEqual(t, c.share("ap", hot, to).RateMilli, def.RateMilli)
 	for _, name := range []string{"eu", "us"} {
 		h := c.regs[c.index(name)]
-		for _, d := range h.decisions[from-e0 : to-e0] {
-			assert.NotEqual(t, shares.Fallback, d.Mode, "%s decision %d", name, d.Epoch-e0)
-		}
 		for _, d := range h.decisions[from-e0+k+1 : to-e0] {
 			assert.Equal(t, []string{"ap"}, d.Silent, "%s decision %d", name, d.Epoch-e0)
-			assert.Equal(t, shares.Grow, d.Mode, "%s decision %d", name, d.Epoch-e0)
 		}
 	}
-	// eu serves above the default, up to what ap's default leaves.
-	assert.Greater(t, c.share("eu", hot, to).RateMilli, def.RateMilli*3/2)
-	assert.LessOrEqual(t, c.share("eu", hot, to).RateMilli+c.share("us", hot, to).RateMilli, lim.RateMilli-def.RateMilli)
 	for e := to; e < to+8; e++ {
 		c.step(e, demand)
 	}

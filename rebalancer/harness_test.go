@@ -449,15 +449,22 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		}
 		return direct{last: -1 << 62, heardSelf: -1}
 	}
+	// With WarmupEpochs >= 2K-1 the majority rule applies, and silence
+	// takes 2K-1 epochs instead of K+1.
+	on := cfg.WarmupEpochs >= 2*k-1
+	sb := k
+	if on {
+		sb = 2*k - 2
+	}
 	silent := func(name string) bool {
-		if d := dirOf(name); d.any && d.last > m-k-1 {
+		if d := dirOf(name); d.any && d.last > m-sb-1 {
 			return false
 		}
-		if r := rows[name]; r != nil && r.epoch > m-k-1 {
+		if r := rows[name]; r != nil && r.epoch > m-sb-1 {
 			return false
 		}
 		for other, r := range rows {
-			if other != name && heardOf(r, name) > m-k-1 {
+			if other != name && heardOf(r, name) > m-sb-1 {
 				return false
 			}
 		}
@@ -491,7 +498,7 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		}
 	}
 	majority := false
-	if m > h.core.firstEpoch+k && !denied {
+	if on && m > h.core.firstEpoch+sb && !denied {
 		n := len(names)
 		for set := 0; set < 1<<n && !majority; set++ {
 			var members []string

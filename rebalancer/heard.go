@@ -100,14 +100,15 @@ func (c *Core) relay() []Relayed {
 }
 
 // silentAt reports whether region i is silent at the decision of epoch m:
-// this Core has no report of it of epochs m-K..m, and no row it knows says
-// that anyone heard it since epoch m-K-1, nor is there a row of one of its
-// own reports of those epochs (relayed). A silent region is counted at
-// exactly the default. (Before the heard matrix, silence was only the
-// first part; the second keeps a region that others still hear from being
-// counted at the default by a region that does not: see the package doc.)
+// with S = silenceBound(), this Core has no report of it of epochs
+// m-S..m, and no row it knows says that anyone heard it since epoch
+// m-S-1, nor is there a row of one of its own reports of those epochs
+// (relayed). A silent region is counted at exactly the default. (Before
+// the heard matrix, silence was only the first part, with S = K; the
+// second keeps a region that others still hear from being counted at the
+// default by a region that does not: see the package doc.)
 func (c *Core) silentAt(i int, m int64) bool {
-	k := c.cfg.SilenceEpochs
+	k := c.silenceBound()
 	q := &c.remote[i]
 	if q.heard && q.last > m-k-1 {
 		return false
@@ -240,13 +241,31 @@ func clique(adj []uint32, set uint32, k int) bool {
 	return false
 }
 
+// majorityOn reports whether the configuration allows the majority rule:
+// WarmupEpochs >= 2K-1 (see the package doc: a restarted region must not
+// rise to the default before the others count it silent, S+1 epochs).
+func (c *Core) majorityOn() bool {
+	return c.cfg.WarmupEpochs >= 2*c.cfg.SilenceEpochs-1
+}
+
+// silenceBound is S: a region is silent after S+1 epochs without a report
+// of it. S = 2K-2 with the majority rule (the records above the default of
+// a region that grew while its reports were lost expire by then: package
+// doc), else K as before the heard matrix.
+func (c *Core) silenceBound() int64 {
+	if c.majorityOn() {
+		return 2*c.cfg.SilenceEpochs - 2
+	}
+	return c.cfg.SilenceEpochs
+}
+
 // majorityRule reports whether the majority rule keeps this region out of
-// fallback at the decision of m: its Core has collected more than K epochs
-// (so what it counts as silent it has not heard itself, not merely
-// forgotten), no recent row denies it, and it is in a majority clique.
+// fallback at the decision of m: the configuration allows it, its Core has
+// collected more than S epochs (so what it counts as silent it has not
+// heard itself, not merely forgotten), no recent row denies it, and it is
+// in a majority clique.
 func (c *Core) majorityRule(m int64) bool {
-	k := c.cfg.SilenceEpochs
-	return m > c.firstEpoch+k && !c.denied(m) && c.inMajority(m)
+	return c.majorityOn() && m > c.firstEpoch+c.silenceBound() && !c.denied(m) && c.inMajority(m)
 }
 
 // overCommitted reports whether the claims of view in, silent regions at
