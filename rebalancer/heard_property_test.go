@@ -41,8 +41,8 @@ func (l linkCut) drops(from, to int, e int64) bool {
 
 // heardNet is the chaos bus with link cuts on top.
 type heardNet struct {
-	base *chaos
-	cuts []linkCut
+	base  *chaos
+	cuts  []linkCut
 	base0 int64 // absolute epoch of scenario epoch 0
 }
 
