@@ -489,16 +489,10 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 			return d.any && d.last > m-k
 		}
 		r := rows[u]
-		return r != nil && r.started > 0 && r.epoch-r.started > k && r.epoch > m-k && heardOf(r, v) > m-k
-	}
-	denied := false
-	for _, r := range rows {
-		if r.epoch > m-k+1 && heardOf(r, h.name) <= m-k {
-			denied = true
-		}
+		return r != nil && r.started > 0 && r.epoch-r.started > sb && r.epoch > m-k && heardOf(r, v) > m-k
 	}
 	majority := false
-	if on && m > h.core.firstEpoch+sb && !denied {
+	if on && m > h.core.firstEpoch+sb {
 		n := len(names)
 		for set := 0; set < 1<<n && !majority; set++ {
 			var members []string

@@ -150,14 +150,14 @@ func (c *Core) silentFor(i int, m int64) bool {
 
 // usable reports whether the row of region u is evidence for the majority
 // rule at epoch m: it is recent (of epoch m-K+1 or later) and its sender's
-// Core had collected more than K epochs when it sent it, so the sender
-// knew of everything its region had heard in the epochs that matter (a
-// Core that started later, after a restart, may have forgotten reports its
-// predecessor received and relayed).
+// Core had collected more than S epochs when it sent it (S =
+// silenceBound()), so what it says it heard is what its region heard in
+// the epochs that matter (a Core that started later, after a restart or a
+// leader change, may have forgotten reports its predecessor received).
 func (c *Core) usable(u int, m int64) bool {
 	k := c.cfg.SilenceEpochs
 	r := &c.remote[u].row
-	return r.known && r.started > 0 && r.epoch-r.started > k && r.epoch > m-k
+	return r.known && r.started > 0 && r.epoch-r.started > c.silenceBound() && r.epoch > m-k
 }
 
 // hears reports whether this Core's knowledge at the decision of m shows
@@ -170,25 +170,6 @@ func (c *Core) hears(u, v int, m int64) bool {
 		return q.heard && q.last > m-k
 	}
 	return c.usable(u, m) && c.remote[u].row.heard[v] > m-k
-}
-
-// denied reports whether some recent row (of epoch m-K+2 or later) says
-// its region has not heard this region since epoch m-K: the region, or a
-// region that relays its heard vector, tells this one that it is cut off.
-// (Rows of epoch m-K+1 are left out: a region's last report before a cut
-// is that old after K-1 epochs and, heard one epoch late as usual, would
-// deny every region it heard; the proof needs only rows of m-K+2.)
-func (c *Core) denied(m int64) bool {
-	k := c.cfg.SilenceEpochs
-	for j := range c.regions {
-		if j == c.self {
-			continue
-		}
-		if r := &c.remote[j].row; r.known && r.epoch > m-k+1 && r.heard[c.self] <= m-k {
-			return true
-		}
-	}
-	return false
 }
 
 // inMajority reports whether this region is in a majority clique at the
@@ -262,10 +243,9 @@ func (c *Core) silenceBound() int64 {
 // majorityRule reports whether the majority rule keeps this region out of
 // fallback at the decision of m: the configuration allows it, its Core has
 // collected more than S epochs (so what it counts as silent it has not
-// heard itself, not merely forgotten), no recent row denies it, and it is
-// in a majority clique.
+// heard itself, not merely forgotten), and it is in a majority clique.
 func (c *Core) majorityRule(m int64) bool {
-	return c.majorityOn() && m > c.firstEpoch+c.silenceBound() && !c.denied(m) && c.inMajority(m)
+	return c.majorityOn() && m > c.firstEpoch+c.silenceBound() && c.inMajority(m)
 }
 
 // overCommitted reports whether the claims of view in, silent regions at
