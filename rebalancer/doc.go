@@ -141,7 +141,8 @@
 // report, the view would be incomplete (no growth) or the region silent,
 // and a silent region was in fallback at its decision of m-1 (it missed
 // this region's reports, or saw in them that this region did not hear it:
-// one epoch of margin, K vs K+1), so it published want 0. Hence all growing
+// one epoch of margin, K vs K+1; under the majority rule see "Why a silent
+// region is at most the default"), so it published want 0. Hence all growing
 // regions use the same W and together take at most the slack. A region that
 // is behind in epochs is bounded by its own last claim plus growth, which
 // the others' views count. The property tests in this package check the sum
@@ -216,9 +217,21 @@
 // non-transitive, one-way, isolation inbound and outbound, random links,
 // flapping, healing), with loss, duplication, delay, late reports, missed
 // decisions, and crashes while cut, and compare every decision's mode with
-// a naive reference. Dropping the fit, counting silence from direct
-// reports only, dropping the clique, a silence of K+1 epochs, a warm-up
-// below 2K-1, or the evidence age makes them fail.
+// a naive reference. Checked by reverting each part once, with the
+// reference off, so that only the enforced sum can fail: dropping the fit
+// (TestMajorityRuleKeepsSumWithinLimit), counting silence from this
+// region's own reports only (same), the warm Core's share kept at the
+// default (same), silence after K+1 epochs instead of 2K-1
+// (TestUnheardRegionThatGrewThenCrashed), the rule with a warm-up below
+// 2K-1 (TestShortWarmupKeepsTheRuleBeforeTheMatrix), and no majority at
+// all (TestAsymmetricLoss) each push the sum above L. Not caught: the fit
+// of incomplete views when the claims fit (the restart it guards against
+// must coincide with an incomplete view), the evidence age and this
+// Core's own age (they guard against a leader change that forgets what
+// its predecessor heard, which the tests do not model), the pairwise test
+// inside the clique (the argument needs only that each of a and b is
+// heard by, and hears, more than n/2 regions with itself: a "star"; the
+// clique is stricter), and the relay (not needed, see above).
 //
 // Assumptions: regions' clocks differ by less than one epoch minus the time
 // to collect and publish (so a region's decision of m-1 is made before

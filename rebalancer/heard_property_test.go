@@ -227,7 +227,7 @@ func heardCases() int {
 // broken rule shows as an enforced sum above L, not as a mode mismatch)
 // and requires the scenarios to exercise the rule: majorities that grow
 // while a region is counted silent, regions kept out of fallback by the
-// majority rule, denials, and fits under a silent region's default.
+// majority rule, and fits under a silent region's default.
 func TestMajorityRuleKeepsSumWithinLimit(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	var total, growSilent, capped, fallback, majority, aboveSilent int
