@@ -593,7 +593,7 @@ func (c *Core) dueAgain(now time.Time) bool {
 
 // view classifies the other regions for epoch m: complete is true when
 // each has a report for m or is silent (silentAt: no report for epochs
-// m-K..m, and no row says anyone heard it since).
+// m-S..m, S = silenceBound(), and no row says anyone heard it since).
 func (c *Core) view(m int64) (complete bool, silent []int) {
 	complete = true
 	for i := range c.regions {

@@ -24,7 +24,7 @@ type row struct {
 // noEpoch stands for "never heard" in a row (epochs are >= 0).
 const noEpoch = -1
 
-// set makes r the row of a report of epoch and started with heard.
+// setRow makes r the row of a report of epoch and started with heard.
 func (c *Core) setRow(r *row, epoch, started int64, heard []Heard) {
 	if r.heard == nil {
 		r.heard = make([]int64, len(c.regions))
