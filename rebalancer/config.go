@@ -54,7 +54,11 @@ type Config struct {
 	// WarmupEpochs is how many epochs a new Core stays silent (publishes no
 	// report) and in fallback, so that share records a previous coordinator
 	// of this region wrote above the default expire before this one claims
-	// anything. >= SilenceEpochs+1; default SilenceEpochs+1 (6).
+	// anything. >= SilenceEpochs+1. The partition rule's majority (package
+	// doc) needs >= 2*SilenceEpochs-1, so that a restarted region does not
+	// rise to the default before the others count it silent; with less,
+	// every region that misses some region's reports falls back, as before
+	// the heard matrix. Default 2*SilenceEpochs-1 (9).
 	WarmupEpochs int64
 	// ShrinkAtCollect makes Collect give up, before the report is
 	// published, the share the epoch's demand shows this region does not
@@ -104,7 +108,7 @@ func DefaultConfig() Config {
 		SmoothingPermille:     500,
 		RiseSmoothingPermille: 500,
 		IdleTTLEpochs:         360,
-		WarmupEpochs:          6,
+		WarmupEpochs:          9,
 		ShrinkAtCollect:       true,
 		Transfers:             true,
 		AskInterval:           time.Second,
@@ -136,7 +140,7 @@ func (c *Config) Validate() error {
 		c.IdleTTLEpochs = max(def.IdleTTLEpochs, 2*(c.SilenceEpochs+2))
 	}
 	if c.WarmupEpochs == 0 {
-		c.WarmupEpochs = c.SilenceEpochs + 1
+		c.WarmupEpochs = max(c.SilenceEpochs+1, 2*c.SilenceEpochs-1)
 	}
 	if c.AskInterval == 0 {
 		c.AskInterval = min(def.AskInterval, c.Epoch)

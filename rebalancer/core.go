@@ -48,6 +48,9 @@ type Core struct {
 	stats  Stats
 	in     []shares.RegionInput // scratch, one per region
 	tr     transfers            // asks and gives (transfer.go)
+	sil    []bool               // silentAt by region for epoch silM, while silOn (during a decision)
+	silM   int64
+	silOn  bool
 
 	// Lookup caches (performance only; see find and limit).
 	stored int64 // stored reports so far: the last one's id
@@ -97,6 +100,7 @@ type remote struct {
 	heardSelf int64             // heard[self] in report last; -1 when absent
 	indexed   int64             // id of the region's report indexed last (0: none)
 	indexedAt int64             // Core.passes after that indexing pass
+	row       row               // heard vector of the newest report of the region known (heard.go)
 }
 
 // stored is one received report. Its keys are found through the key
@@ -124,6 +128,7 @@ type Stats struct {
 	LateDecisions  int64 // decisions forced by Collect (no growth)
 	GrowDecisions  int64 // decisions in mode Grow
 	FallbackEpochs int64 // decisions in mode Fallback
+	Capped         int64 // key-decisions capped at the default outside fallback (Decision.Capped)
 	Updates        int64 // updates returned (by Decide, Collect and late decisions)
 	Kept           int64 // key-epochs whose share shrank at collection (shares.Config.Keep)
 	UnknownUsage   int64 // epochs collected with unknown usage (CollectUnknown): demand and claims held
@@ -169,6 +174,11 @@ type Decision struct {
 	Complete bool        // a report of the epoch from every region not silent
 	Silent   []string    // regions assumed at the safe share
 	Keys     int         // keys computed
+	// Capped is how many keys were decided as in fallback (at most the
+	// default) although this region is not in fallback: a region is
+	// counted silent, at the default, and the view is incomplete or its
+	// claims exceed the limit (see the package doc, "Fit").
+	Capped int
 	// Again: the epoch was decided before without growth because its view
 	// was incomplete at the deadline (Config.MaxWait); the missing reports
 	// arrived while the epoch after it still runs, so it is decided again,
@@ -361,7 +371,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 	if !warm {
 		// Sized for every key: most keys held are reported, and growing
 		// a million-line slice by appending cost a fifth of Collect.
-		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m, Keys: make([]KeyReport, 0, len(c.keys))}
+		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m, Started: c.firstEpoch, Relay: c.relay(), Keys: make([]KeyReport, 0, len(c.keys))}
 		for i, r := range c.regions {
 			if i == c.self {
 				rep.Heard = append(rep.Heard, Heard{Region: r, Epoch: m})
@@ -533,10 +543,17 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 			index[k.Key] = int32(i)
 		}
 	}
+	if err := checkRelay(r); err != nil {
+		return 0, err
+	}
 	if c.started && r.Epoch <= c.decided && q.heard && r.Epoch < q.last {
+		// Too old for the shares, but what it says of who hears whom may
+		// be news (rows only move forward).
+		c.learn(qi, r)
 		c.stats.Stale++
 		return Stale, nil
 	}
+	c.learn(qi, r)
 	c.stored++
 	q.reports[r.Epoch] = &stored{id: c.stored, seq: r.Seq, keys: r.Keys, index: index, sorted: sorted}
 	if !q.heard || r.Epoch > q.last {
@@ -586,10 +603,10 @@ func (c *Core) dueAgain(now time.Time) bool {
 }
 
 // view classifies the other regions for epoch m: complete is true when
-// each has a report for m or is silent (no report for epochs m-K..m).
+// each has a report for m or is silent (silentAt: no report for epochs
+// m-S..m, S = silenceBound(), and no row says anyone heard it since).
 func (c *Core) view(m int64) (complete bool, silent []int) {
 	complete = true
-	k := c.cfg.SilenceEpochs
 	for i := range c.regions {
 		if i == c.self {
 			continue
@@ -598,7 +615,7 @@ func (c *Core) view(m int64) (complete bool, silent []int) {
 		if _, ok := q.reports[m]; ok {
 			continue
 		}
-		if !q.heard || q.last <= m-k-1 {
+		if c.silentFor(i, m) {
 			silent = append(silent, i)
 			continue
 		}
@@ -607,9 +624,11 @@ func (c *Core) view(m int64) (complete bool, silent []int) {
 	return complete, silent
 }
 
-// cutOff reports whether this region must fall back at decision m: for
-// some region, no report of epochs m-K+1..m or later, or its latest report
-// says it has not heard this region since epoch m-K.
+// cutOff reports whether this region must fall back at decision m: unless
+// every region sent a report of epochs m-K+1..m or later whose heard says
+// it heard this region in those epochs too (the rule before the heard
+// matrix, which decides alone with two regions), it falls back unless the
+// majority rule keeps it out (heard.go; package doc).
 func (c *Core) cutOff(m int64) bool {
 	k := c.cfg.SilenceEpochs
 	for i := range c.regions {
@@ -618,7 +637,7 @@ func (c *Core) cutOff(m int64) bool {
 		}
 		q := &c.remote[i]
 		if !q.heard || q.last <= m-k || q.heardSelf <= m-k {
-			return true
+			return !c.majorityRule(m)
 		}
 	}
 	return false
@@ -628,6 +647,8 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 	c.lcOn = false
 	defer func() { c.lcOn = false }()
 	m := c.published
+	c.silence(m)
+	defer func() { c.silOn = false }()
 	complete, silentIdx := c.view(m)
 	warm := c.warm(m)
 	c.fallback = warm || c.cutOff(m)
@@ -689,7 +710,15 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		}
 		in := c.inputs(key, st, lim, m, false)
 		d.Keys++
-		next, err := c.cfg.Shares.Next(lim, c.self, in, d.Mode)
+		mode := d.Mode
+		if mode != shares.Fallback && len(silentIdx) > 0 && (!complete || overCommitted(lim, in)) {
+			// A region is counted at the default (silent): fit under it
+			// now (package doc, "Fit").
+			mode = shares.Fallback
+			d.Capped++
+			c.stats.Capped++
+		}
+		next, err := c.cfg.Shares.Next(lim, c.self, in, mode)
 		if err != nil {
 			c.stats.InvalidShare++
 			// Never above the current share (nor the claim).
@@ -709,7 +738,16 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		if !warm && (next != st.share || !st.synced || refresh) {
 			d.Updates = append(d.Updates, c.record(key, st, lim, next, m))
 		}
-		st.share = next
+		if !warm {
+			// During warm-up nothing is written: the store still enforces
+			// what a previous coordinator wrote (at most the default once
+			// its records above it expired) or the default, so the share,
+			// and the first report's claim, stay at the default. (Taking
+			// next here made the first report claim less than the store
+			// enforced; harmless while every region fell back the epoch
+			// before, not once a majority keeps growing.)
+			st.share = next
+		}
 		if st.share == def && !st.record && st.smoothed == 0 && st.demand == 0 && st.synced {
 			c.remove(key, st) // idle at the default: no state needed
 		}
@@ -771,7 +809,7 @@ func (c *Core) reportFor(i int, m int64) *stored {
 	if s, ok := q.reports[m]; ok {
 		return s
 	}
-	if !q.heard || q.last <= m-c.cfg.SilenceEpochs-1 {
+	if !q.heard || c.silentFor(i, m) {
 		return nil
 	}
 	return q.reports[q.last]

@@ -21,6 +21,10 @@ var (
 func testConfig(region string, regions ...string) Config {
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Regions = region, regions
+	// The timelines of these tests count a warm-up of K+1 epochs (the
+	// default before the partition rule's majority, which needs 2K-1 and
+	// is tested in heard_test.go).
+	cfg.WarmupEpochs = cfg.SilenceEpochs + 1
 	return cfg
 }
 
@@ -69,7 +73,7 @@ func TestConfigValidate(t *testing.T) {
 	assert.Equal(t, 10*time.Second, cfg.Epoch)
 	assert.Equal(t, 2*time.Second, cfg.MaxWait)
 	assert.Equal(t, int64(5), cfg.SilenceEpochs)
-	assert.Equal(t, int64(6), cfg.WarmupEpochs)
+	assert.Equal(t, int64(9), cfg.WarmupEpochs)
 	assert.Equal(t, int64(500), cfg.RiseSmoothingPermille)
 	assert.False(t, cfg.ShrinkAtCollect)
 	assert.Equal(t, int64(360), cfg.IdleTTLEpochs)
@@ -187,6 +191,7 @@ func TestShrinkAtCollectFollowsAShiftInOneEpoch(t *testing.T) {
 	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}}
 	cfg := DefaultConfig()
 	cfg.ShrinkAtCollect = true
+	cfg.WarmupEpochs = cfg.SilenceEpochs + 1 // the timeline counts K+1 (see testConfig)
 	c := newCluster(t, rand.New(rand.NewPCG(1, 1)), three, cfg, pol, []Key{hot}, perfect{})
 	c.fixRegions()
 	c.deliverFirst = true
@@ -270,7 +275,7 @@ func TestDemandMovesAndSharesFollowWithinTwoEpochs(t *testing.T) {
 // gets a bigger share, because demand counts attempts, not admissions.
 func TestRejectedDemandCounts(t *testing.T) {
 	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 3_000_000, Regions: 2}}
-	cfg := DefaultConfig()
+	cfg := testConfig("", "a", "b")
 	a, err := New(testConfig("a", "a", "b"), pol)
 	require.NoError(t, err)
 	b, err := New(func() Config { c := cfg; c.Region, c.Regions = "b", []string{"a", "b"}; return c }(), pol)
@@ -303,7 +308,8 @@ func TestRejectedDemandCounts(t *testing.T) {
 // tell whether ap still hears them); after K+1 epochs eu and us assume ap
 // at exactly the default. The harness checks after every write that the
 // enforced sum stays within L. After the heal, shares follow the demand
-// again.
+// again. This cluster's warm-up (K+1) is too short for the majority rule
+// (it needs 2K-1; see TestMajorityKeepsServingThroughAPartition).
 func TestPartitionThenHeal(t *testing.T) {
 	ap := 0 // regions are sorted: ap, eu, us
 	from, to := e0+10, e0+20

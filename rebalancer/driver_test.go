@@ -298,6 +298,9 @@ func driverTestConfig() Config {
 	cfg := DefaultConfig()
 	cfg.Epoch = time.Second
 	cfg.MaxWait = 400 * time.Millisecond
+	// The timelines of the driver tests count a warm-up of K+1 epochs (see
+	// testConfig).
+	cfg.WarmupEpochs = cfg.SilenceEpochs + 1
 	return cfg
 }
 

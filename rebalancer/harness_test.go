@@ -394,45 +394,153 @@ func (c *cluster) decide(h *hregion, now time.Time) {
 }
 
 // refMode is a naive reference for the mode of region h's decision of
-// epoch m, recomputed from every report ever delivered to it.
+// epoch m, recomputed from every report ever delivered to it: the rule
+// before the heard matrix (every region heard, and hearing this one,
+// within K epochs) or the majority rule (see the package doc), with
+// silence counted over the heard matrix.
 func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 	cfg := h.core.Config()
 	k := cfg.SilenceEpochs
 	if m < h.core.firstEpoch+cfg.WarmupEpochs {
 		return shares.Fallback
 	}
-	complete, cut := true, false
-	for _, q := range c.regs {
-		if q.name == h.name {
-			continue
+	names := make([]string, len(c.regs))
+	for i, q := range c.regs {
+		names[i] = q.name
+	}
+	// rows[q]: the heard vector (by name) of the newest report of q known,
+	// directly or relayed; the first one wins among equal epochs.
+	type refRow struct {
+		ok             bool
+		epoch, started int64
+		heard          map[string]int64
+	}
+	rows := map[string]*refRow{}
+	see := func(region string, epoch, started int64, heard []Heard) {
+		if region == h.name {
+			return
 		}
-		has, last, heardSelf := false, int64(-1<<62), int64(-1)
-		for _, r := range h.received {
-			if r.Region != q.name {
-				continue
+		if r := rows[region]; r != nil && r.ok && epoch <= r.epoch {
+			return
+		}
+		r := &refRow{ok: true, epoch: epoch, started: started, heard: map[string]int64{}}
+		for _, hd := range heard {
+			if old, ok := r.heard[hd.Region]; !ok || hd.Epoch > old {
+				r.heard[hd.Region] = hd.Epoch
 			}
-			if r.Epoch == m {
-				has = true
+		}
+		rows[region] = r
+	}
+	heardOf := func(r *refRow, name string) int64 {
+		if e, ok := r.heard[name]; ok {
+			return e
+		}
+		return -1
+	}
+	type direct struct {
+		has             bool
+		any             bool
+		last, heardSelf int64
+	}
+	dir := map[string]*direct{}
+	for _, r := range h.received {
+		see(r.Region, r.Epoch, r.Started, r.Heard)
+		for _, rr := range r.Relay {
+			if rr.Region != r.Region {
+				see(rr.Region, rr.Epoch, rr.Started, rr.Heard)
 			}
-			if r.Epoch > last {
-				last = r.Epoch
-				heardSelf = -1
-				for _, hd := range r.Heard {
-					if hd.Region == h.name {
-						heardSelf = hd.Epoch
-					}
+		}
+		d := dir[r.Region]
+		if d == nil {
+			d = &direct{last: -1 << 62, heardSelf: -1}
+			dir[r.Region] = d
+		}
+		if r.Epoch == m {
+			d.has = true
+		}
+		if !d.any || r.Epoch > d.last {
+			d.any, d.last, d.heardSelf = true, r.Epoch, -1
+			for _, hd := range r.Heard {
+				if hd.Region == h.name {
+					d.heardSelf = hd.Epoch
 				}
 			}
 		}
-		if !has && last > m-k-1 {
+	}
+	dirOf := func(name string) direct {
+		if d := dir[name]; d != nil {
+			return *d
+		}
+		return direct{last: -1 << 62, heardSelf: -1}
+	}
+	// With WarmupEpochs >= 2K-1 the majority rule applies, and silence
+	// takes 2K-1 epochs instead of K+1.
+	on := cfg.WarmupEpochs >= 2*k-1
+	sb := k
+	if on {
+		sb = 2*k - 2
+	}
+	silent := func(name string) bool {
+		if d := dirOf(name); d.any && d.last > m-sb-1 {
+			return false
+		}
+		if r := rows[name]; r != nil && r.epoch > m-sb-1 {
+			return false
+		}
+		for other, r := range rows {
+			if other != name && heardOf(r, name) > m-sb-1 {
+				return false
+			}
+		}
+		return true
+	}
+	complete, oldOK := true, true
+	for _, q := range names {
+		if q == h.name {
+			continue
+		}
+		d := dirOf(q)
+		if !d.has && !silent(q) {
 			complete = false
 		}
-		if last <= m-k || heardSelf <= m-k {
-			cut = true
+		if !d.any || d.last <= m-k || d.heardSelf <= m-k {
+			oldOK = false
+		}
+	}
+	hears := func(u, v string) bool {
+		if u == h.name {
+			d := dirOf(v)
+			return d.any && d.last > m-k
+		}
+		r := rows[u]
+		return r != nil && r.started > 0 && r.epoch-r.started > sb && r.epoch > m-k && heardOf(r, v) > m-k
+	}
+	majority := false
+	if on && m > h.core.firstEpoch+sb {
+		n := len(names)
+		for set := 0; set < 1<<n && !majority; set++ {
+			var members []string
+			for i, name := range names {
+				if set&(1<<i) != 0 {
+					members = append(members, name)
+				}
+			}
+			if len(members) <= n/2 || !slices.Contains(members, h.name) {
+				continue
+			}
+			ok := true
+			for _, u := range members {
+				for _, v := range members {
+					if u != v && !hears(u, v) {
+						ok = false
+					}
+				}
+			}
+			majority = ok
 		}
 	}
 	switch {
-	case cut:
+	case !oldOK && !majority:
 		return shares.Fallback
 	case complete:
 		return shares.Grow

@@ -65,6 +65,16 @@ type Heard struct {
 	Epoch  int64
 }
 
+// Relayed is the heard vector of one report of Region, relayed by another
+// region in its own report (the heard matrix; see the package doc, "The
+// decision and the partition rule").
+type Relayed struct {
+	Region  string  // whose report it is
+	Epoch   int64   // that report's epoch
+	Started int64   // that report's Started (0: not said)
+	Heard   []Heard // that report's Heard
+}
+
 // Report is one region's usage report for one epoch: what crosses regions
 // (package proto carries it on Kafka). Keys are sorted by (PolicyID,
 // Subject).
@@ -73,7 +83,15 @@ type Report struct {
 	Epoch  int64   // floor(unix ms / epoch ms) of the epoch reported
 	Seq    int64   // per-region, strictly increasing; the Core uses the epoch number
 	Heard  []Heard // the sender's view; includes the sender itself at Epoch
-	Keys   []KeyReport
+	// Started is the first epoch the sender's Core collected; 0 when the
+	// sender does not say (an older version). A receiver uses Heard as
+	// evidence for the majority rule only when Epoch - Started > K.
+	Started int64
+	// Relay is, for each other region the sender knows of, the heard vector
+	// of the newest report of that region it knows (received directly or
+	// relayed to it): the heard matrix. Empty from older senders.
+	Relay []Relayed
+	Keys  []KeyReport
 }
 
 // Update is one share record to write to this region's store.

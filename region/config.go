@@ -80,7 +80,8 @@ type Config struct {
 	// PressureInterval is how often the coordinator reads the gateways'
 	// pressure marks and asks for the keys that need share. Default
 	// rebalancer.DefaultPressureInterval (1 s, the gateways' default
-	// usage flush).
+	// usage flush). It is also the shortest time between two asks for one
+	// key (rebalancer.Config.AskInterval, at most Epoch).
 	PressureInterval time.Duration
 	// Mirrored selects the one-cluster-per-region layout (MirrorMaker 2):
 	// publish to Topic on this region's cluster, consume Topic and

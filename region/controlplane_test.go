@@ -307,7 +307,7 @@ func TestReplicasLeaderKill(t *testing.T) {
 	took := until(t, wait, "a follower takes over", func() bool { return len(leaders("eu-b", "eu-c")) == 1 })
 	t.Logf("takeover %v after the kill (probe 200 ms, suspicion x2, 3 replicas)", took.Round(10*time.Millisecond))
 	assert.Equal(t, []string{"eu-b"}, leaders("eu-b", "eu-c"), "the smallest live name leads")
-	warm := rebalancer.DefaultConfig().SilenceEpochs + 1
+	warm := rebalancer.DefaultConfig().WarmupEpochs
 	until(t, wait+time.Duration(warm)*epoch, "three reports under the new leader", func() bool {
 		n := 0
 		for _, c := range obs.snapshot() {

@@ -95,6 +95,10 @@ func New(cfg Config) (*Coordinator, error) {
 	rcfg := rebalancer.DefaultConfig()
 	rcfg.Region, rcfg.Regions, rcfg.Epoch, rcfg.MaxWait = cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait
 	rcfg.Transfers = !cfg.NoTransfers
+	// A key is asked for at most once per pressure read: the reads are
+	// what shows the need again (scaled with the epoch in the simulator's
+	// live and deployed modes, which shorten both).
+	rcfg.AskInterval = min(cfg.PressureInterval, cfg.Epoch)
 	if err := rcfg.Validate(); err != nil {
 		return nil, err
 	}

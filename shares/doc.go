@@ -19,8 +19,8 @@
 // of region names, so that every region indexes the same way) a RegionInput
 // holds what that region published for the epoch: its smoothed demand, its
 // claim (the share it enforced when it published) and its want (how much it
-// asked to grow), or Silent when the view has had no report from it for K+1
-// epochs. Rate and burst are handled the same way, each against its own
+// asked to grow), or Silent when the view has had no report from it for long
+// enough (K+1 epochs, or 2K-1 under package rebalancer's majority rule). Rate and burst are handled the same way, each against its own
 // limit; the algorithm below is written for the rate.
 //
 // # Algorithm

@@ -109,9 +109,10 @@ type RegionInput struct {
 	// Want is how much the region asked to grow in that report, >= 0 (see
 	// Config.Want). Only regions that published a positive want may grow.
 	Want Share
-	// Silent means the view has had no report from the region for K+1
-	// epochs: it is assumed at exactly Default(), with no demand and no
-	// want.
+	// Silent means the view has had no report from the region for long
+	// enough (package rebalancer: K+1 epochs, or 2K-1 with its partition
+	// rule's majority): it is assumed at exactly Default(), with no demand
+	// and no want.
 	Silent bool
 }
 

@@ -40,8 +40,10 @@ type Options struct {
 }
 
 // HeadStartEpochs is how many epochs before t=0 the coordinators start
-// unless Options.ColdStart is set.
-const HeadStartEpochs = 6
+// unless Options.ColdStart is set: the default warm-up,
+// rebalancer.DefaultConfig().WarmupEpochs (2K-1 = 9 since the partition
+// rule's majority; a test pins the two together).
+const HeadStartEpochs = 9
 
 // ErrInternal wraps failures of the engine or of the code it drives (a
 // store or coordinator error), as opposed to bad input.

@@ -79,7 +79,7 @@ func startCoordinator(t *testing.T, args ...string) {
 // answer) only overstates the time the buckets had, so the check holds
 // on a loaded machine. The coordinators are in the loop: the region with
 // the demand gets a share record above the default 1/3 once the
-// coordinators' warm-up (K+1 = 6 epochs) is over, which needs the rls's
+// coordinators' warm-up (2K-1 = 9 epochs) is over, which needs the rls's
 // usage flushes to reach them.
 func TestRLSGlobalLimitAcrossRegions(t *testing.T) {
 	const (

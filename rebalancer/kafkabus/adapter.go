@@ -31,6 +31,17 @@ func ToProto(r *rebalancer.Report, epoch time.Duration, sent time.Time) *quotien
 	for i, h := range r.Heard {
 		p.Heard[i] = &quotientv1.RegionHeard{Region: h.Region, LastEpoch: h.Epoch}
 	}
+	p.StartedEpoch = r.Started
+	if len(r.Relay) > 0 {
+		p.Relayed = make([]*quotientv1.RelayedHeard, len(r.Relay))
+		for i, rr := range r.Relay {
+			hs := make([]*quotientv1.RegionHeard, len(rr.Heard))
+			for j, h := range rr.Heard {
+				hs[j] = &quotientv1.RegionHeard{Region: h.Region, LastEpoch: h.Epoch}
+			}
+			p.Relayed[i] = &quotientv1.RelayedHeard{Region: rr.Region, Epoch: rr.Epoch, StartedEpoch: rr.Started, Heard: hs}
+		}
+	}
 	// One backing array for every key: 100k small allocations cost more
 	// than the encoding.
 	keys := make([]quotientv1.KeyUsage, len(r.Keys))
@@ -70,6 +81,20 @@ func FromProto(p *quotientv1.UsageReport, epoch time.Duration) (*rebalancer.Repo
 			return nil, fmt.Errorf("%w: region %q epoch %d: heard[%d] is nil", ErrInvalidReport, p.GetRegion(), p.GetEpoch(), i)
 		}
 		r.Heard = append(r.Heard, rebalancer.Heard{Region: h.GetRegion(), Epoch: h.GetLastEpoch()})
+	}
+	r.Started = p.GetStartedEpoch()
+	for i, rr := range p.GetRelayed() {
+		if rr == nil {
+			return nil, fmt.Errorf("%w: region %q epoch %d: relayed[%d] is nil", ErrInvalidReport, p.GetRegion(), p.GetEpoch(), i)
+		}
+		out := rebalancer.Relayed{Region: rr.GetRegion(), Epoch: rr.GetEpoch(), Started: rr.GetStartedEpoch(), Heard: make([]rebalancer.Heard, 0, len(rr.GetHeard()))}
+		for j, h := range rr.GetHeard() {
+			if h == nil {
+				return nil, fmt.Errorf("%w: region %q epoch %d: relayed[%d].heard[%d] is nil", ErrInvalidReport, p.GetRegion(), p.GetEpoch(), i, j)
+			}
+			out.Heard = append(out.Heard, rebalancer.Heard{Region: h.GetRegion(), Epoch: h.GetLastEpoch()})
+		}
+		r.Relay = append(r.Relay, out)
 	}
 	for i, k := range p.GetKeys() {
 		if k == nil {

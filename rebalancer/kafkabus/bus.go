@@ -304,6 +304,7 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 	header := &quotientv1.UsageReport{
 		Region: r.GetRegion(), Epoch: r.GetEpoch(), EpochMs: r.GetEpochMs(), Seq: r.GetSeq(),
 		SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
+		StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
 		Part: math.MaxInt32, Parts: math.MaxInt32, // the widest varints
 	}
 	budget := b.cfg.MaxMessageBytes - len(r.GetRegion()) - recordOverhead - proto.Size(header)
@@ -339,6 +340,7 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 		part := &quotientv1.UsageReport{
 			Region: r.GetRegion(), Epoch: r.GetEpoch(), EpochMs: r.GetEpochMs(), Seq: r.GetSeq(),
 			SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
+			StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
 			Part: int32(i), Parts: int32(len(bounds)), Keys: r.GetKeys()[lo:hi],
 		}
 		v, err := proto.Marshal(part)

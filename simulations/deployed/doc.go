@@ -21,7 +21,7 @@
 // rate scale: divide rates with live.ScaleRates to lighten a run; both
 // modes then draw the same arrivals from the seed). The binaries' timing
 // is scaled with it: --epoch epoch_s/S, --max-wait min(2 s, epoch/2)/S,
-// --collect-delay min(1 s, max-wait/2)/S (the defaults of the unscaled
+// --collect-delay min(1 s, max-wait/2)/S, --pressure-interval 1 s/S (the defaults of the unscaled
 // epoch, divided), the gateways' --usage-flush 1 s/S. The one-way latency
 // and jitter of the scenario's network are divided by S too.
 //

@@ -247,6 +247,7 @@ func (r *run) setup(ctx context.Context) error {
 			args: []string{r.cfg.Quotient, "coordinator", "--region", name, "--regions", join(sc.Regions),
 				"--redis", h.Addr(redisPort), "--kafka", r.broker.Addr(brokerPort), "--listen", h.Addr(coordinatorPort),
 				"--epoch", r.t.epoch.String(), "--max-wait", r.t.maxWait.String(), "--collect-delay", r.t.collect.String(),
+				"--pressure-interval", r.t.flush.String(),
 				"--topic", usageTopic, "--policies", polFile}}
 		rr.gateway = &proc{name: "gateway-" + name, host: h.Command, log: filepath.Join(r.dir, "gateway-"+name+".log"),
 			args: []string{r.cfg.Quotient, "gateway", "--listen", h.Addr(gatewayPort), "--upstream", upURL,

@@ -128,6 +128,7 @@ func (r *run) setup(ctx context.Context) error {
 		rc := region.DefaultConfig()
 		rc.Region, rc.Regions = rr.name, sc.Regions
 		rc.Epoch, rc.MaxWait, rc.CollectDelay = r.t.epoch, r.t.maxWait, r.t.collect
+		rc.PressureInterval = r.t.flush // production: the gateways' flush, 1 s
 		rc.RedisAddrs = []string{r.cfg.RedisAddrs[rr.name]}
 		rc.KafkaBrokers, rc.Topic = r.cfg.KafkaBrokers, r.cfg.Topic
 		rc.DailyQuotaTopic = kafkarepl.DefaultTopic + "." + r.cfg.RunID

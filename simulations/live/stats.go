@@ -24,11 +24,15 @@ type CoordinatorStats struct {
 	// Errors counts failures by kind (usage_read, publish, share_write,
 	// report); only nonzero kinds are listed.
 	Errors map[string]int64
+	// Transfers counts asks and gives between decisions: "asks sent",
+	// "asks received", and gives by direction and outcome ("gives sent
+	// published", "gives received accepted", ...); only nonzero ones.
+	Transfers map[string]int64
 }
 
 // coordinatorStats reads the region package's metrics from reg.
 func coordinatorStats(reg prometheus.Gatherer) CoordinatorStats {
-	st := CoordinatorStats{Decisions: map[string]int64{}, Errors: map[string]int64{}}
+	st := CoordinatorStats{Decisions: map[string]int64{}, Errors: map[string]int64{}, Transfers: map[string]int64{}}
 	mfs, err := reg.Gather()
 	if err != nil {
 		return st
@@ -50,6 +54,14 @@ func coordinatorStats(reg prometheus.Gatherer) CoordinatorStats {
 			case "quotient_coordinator_report_lag_seconds":
 				st.Reports += int64(m.GetHistogram().GetSampleCount())
 				lagSum += m.GetHistogram().GetSampleSum()
+			case "quotient_coordinator_transfer_asks_total":
+				if v := int64(m.GetCounter().GetValue()); v > 0 {
+					st.Transfers["asks "+labels["direction"]] = v
+				}
+			case "quotient_coordinator_transfer_gives_total":
+				if v := int64(m.GetCounter().GetValue()); v > 0 {
+					st.Transfers["gives "+labels["direction"]+" "+labels["outcome"]] = v
+				}
 			case "quotient_coordinator_errors_total":
 				if v := int64(m.GetCounter().GetValue()); v > 0 {
 					st.Errors[labels["kind"]] = v

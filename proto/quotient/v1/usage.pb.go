@@ -41,7 +41,7 @@ const (
 //
 // Parts: a report too large for one Kafka message is split into `parts`
 // messages numbered `part` = 0 .. parts-1. Every part repeats region, epoch,
-// epoch_ms, seq, parts, sent_unix_ms and heard; the keys are divided between
+// epoch_ms, seq, parts, sent_unix_ms, heard, started_epoch and relayed; the keys are divided between
 // the parts, each key in exactly one part. A receiver assembles the parts of
 // one (region, epoch, seq) and applies the report only when all have arrived;
 // concatenating the parts' keys in part order gives the keys in the order the
@@ -73,7 +73,22 @@ type UsageReport struct {
 	Heard []*RegionHeard `protobuf:"bytes,8,rep,name=heard,proto3" json:"heard,omitempty"`
 	// Usage per (policy, subject) in the epoch. Each (policy_id, subject)
 	// appears at most once across all parts of a report.
-	Keys          []*KeyUsage `protobuf:"bytes,9,rep,name=keys,proto3" json:"keys,omitempty"`
+	Keys []*KeyUsage `protobuf:"bytes,9,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The first epoch the sender's current coordinator collected (its process
+	// or leadership started then; it forgot what an earlier one had heard).
+	// 0 when the sender does not say (a version before the heard matrix): a
+	// receiver then uses its heard only as before, never for the majority
+	// rule. Receivers use a report's heard vector as evidence for the
+	// majority rule only when epoch - started_epoch > the silence bound K.
+	StartedEpoch int64 `protobuf:"varint,10,opt,name=started_epoch,json=startedEpoch,proto3" json:"started_epoch,omitempty"`
+	// The heard matrix, relayed: for each other region, the heard vector of
+	// the newest report of that region the sender knows of (received
+	// directly, or relayed to it in another region's report). A receiver
+	// learns from it who hears whom beyond its own links: the partition
+	// rule of package rebalancer keeps a majority that hears itself serving
+	// while a region cut off from it falls back. Empty from older senders;
+	// older receivers ignore it.
+	Relayed       []*RelayedHeard `protobuf:"bytes,11,rep,name=relayed,proto3" json:"relayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -171,6 +186,94 @@ func (x *UsageReport) GetKeys() []*KeyUsage {
 	return nil
 }
 
+func (x *UsageReport) GetStartedEpoch() int64 {
+	if x != nil {
+		return x.StartedEpoch
+	}
+	return 0
+}
+
+func (x *UsageReport) GetRelayed() []*RelayedHeard {
+	if x != nil {
+		return x.Relayed
+	}
+	return nil
+}
+
+// RelayedHeard is the heard vector of one report of `region`, as relayed by
+// another region.
+type RelayedHeard struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Region whose report this is.
+	Region string `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// That report's epoch.
+	Epoch int64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// That report's started_epoch (0 when it did not say).
+	StartedEpoch int64 `protobuf:"varint,3,opt,name=started_epoch,json=startedEpoch,proto3" json:"started_epoch,omitempty"`
+	// That report's heard (the region itself included, at `epoch`).
+	Heard         []*RegionHeard `protobuf:"bytes,4,rep,name=heard,proto3" json:"heard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayedHeard) Reset() {
+	*x = RelayedHeard{}
+	mi := &file_quotient_v1_usage_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayedHeard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayedHeard) ProtoMessage() {}
+
+func (x *RelayedHeard) ProtoReflect() protoreflect.Message {
+	mi := &file_quotient_v1_usage_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayedHeard.ProtoReflect.Descriptor instead.
+func (*RelayedHeard) Descriptor() ([]byte, []int) {
+	return file_quotient_v1_usage_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RelayedHeard) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RelayedHeard) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RelayedHeard) GetStartedEpoch() int64 {
+	if x != nil {
+		return x.StartedEpoch
+	}
+	return 0
+}
+
+func (x *RelayedHeard) GetHeard() []*RegionHeard {
+	if x != nil {
+		return x.Heard
+	}
+	return nil
+}
+
 // RegionHeard says that the sender has received a report from `region` for
 // epochs up to and including `last_epoch`.
 type RegionHeard struct {
@@ -186,7 +289,7 @@ type RegionHeard struct {
 
 func (x *RegionHeard) Reset() {
 	*x = RegionHeard{}
-	mi := &file_quotient_v1_usage_proto_msgTypes[1]
+	mi := &file_quotient_v1_usage_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -198,7 +301,7 @@ func (x *RegionHeard) String() string {
 func (*RegionHeard) ProtoMessage() {}
 
 func (x *RegionHeard) ProtoReflect() protoreflect.Message {
-	mi := &file_quotient_v1_usage_proto_msgTypes[1]
+	mi := &file_quotient_v1_usage_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -211,7 +314,7 @@ func (x *RegionHeard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionHeard.ProtoReflect.Descriptor instead.
 func (*RegionHeard) Descriptor() ([]byte, []int) {
-	return file_quotient_v1_usage_proto_rawDescGZIP(), []int{1}
+	return file_quotient_v1_usage_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RegionHeard) GetRegion() string {
@@ -259,7 +362,7 @@ type KeyUsage struct {
 
 func (x *KeyUsage) Reset() {
 	*x = KeyUsage{}
-	mi := &file_quotient_v1_usage_proto_msgTypes[2]
+	mi := &file_quotient_v1_usage_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -271,7 +374,7 @@ func (x *KeyUsage) String() string {
 func (*KeyUsage) ProtoMessage() {}
 
 func (x *KeyUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_quotient_v1_usage_proto_msgTypes[2]
+	mi := &file_quotient_v1_usage_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -284,7 +387,7 @@ func (x *KeyUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyUsage.ProtoReflect.Descriptor instead.
 func (*KeyUsage) Descriptor() ([]byte, []int) {
-	return file_quotient_v1_usage_proto_rawDescGZIP(), []int{2}
+	return file_quotient_v1_usage_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *KeyUsage) GetPolicyId() string {
@@ -354,7 +457,7 @@ var File_quotient_v1_usage_proto protoreflect.FileDescriptor
 
 const file_quotient_v1_usage_proto_rawDesc = "" +
 	"\n" +
-	"\x17quotient/v1/usage.proto\x12\vquotient.v1\"\x8f\x02\n" +
+	"\x17quotient/v1/usage.proto\x12\vquotient.v1\"\xe9\x02\n" +
 	"\vUsageReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x19\n" +
@@ -365,7 +468,15 @@ const file_quotient_v1_usage_proto_rawDesc = "" +
 	"\fsent_unix_ms\x18\a \x01(\x03R\n" +
 	"sentUnixMs\x12.\n" +
 	"\x05heard\x18\b \x03(\v2\x18.quotient.v1.RegionHeardR\x05heard\x12)\n" +
-	"\x04keys\x18\t \x03(\v2\x15.quotient.v1.KeyUsageR\x04keys\"D\n" +
+	"\x04keys\x18\t \x03(\v2\x15.quotient.v1.KeyUsageR\x04keys\x12#\n" +
+	"\rstarted_epoch\x18\n" +
+	" \x01(\x03R\fstartedEpoch\x123\n" +
+	"\arelayed\x18\v \x03(\v2\x19.quotient.v1.RelayedHeardR\arelayed\"\x91\x01\n" +
+	"\fRelayedHeard\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12#\n" +
+	"\rstarted_epoch\x18\x03 \x01(\x03R\fstartedEpoch\x12.\n" +
+	"\x05heard\x18\x04 \x03(\v2\x18.quotient.v1.RegionHeardR\x05heard\"D\n" +
 	"\vRegionHeard\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1d\n" +
 	"\n" +
@@ -393,20 +504,23 @@ func file_quotient_v1_usage_proto_rawDescGZIP() []byte {
 	return file_quotient_v1_usage_proto_rawDescData
 }
 
-var file_quotient_v1_usage_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_quotient_v1_usage_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_quotient_v1_usage_proto_goTypes = []any{
-	(*UsageReport)(nil), // 0: quotient.v1.UsageReport
-	(*RegionHeard)(nil), // 1: quotient.v1.RegionHeard
-	(*KeyUsage)(nil),    // 2: quotient.v1.KeyUsage
+	(*UsageReport)(nil),  // 0: quotient.v1.UsageReport
+	(*RelayedHeard)(nil), // 1: quotient.v1.RelayedHeard
+	(*RegionHeard)(nil),  // 2: quotient.v1.RegionHeard
+	(*KeyUsage)(nil),     // 3: quotient.v1.KeyUsage
 }
 var file_quotient_v1_usage_proto_depIdxs = []int32{
-	1, // 0: quotient.v1.UsageReport.heard:type_name -> quotient.v1.RegionHeard
-	2, // 1: quotient.v1.UsageReport.keys:type_name -> quotient.v1.KeyUsage
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	2, // 0: quotient.v1.UsageReport.heard:type_name -> quotient.v1.RegionHeard
+	3, // 1: quotient.v1.UsageReport.keys:type_name -> quotient.v1.KeyUsage
+	1, // 2: quotient.v1.UsageReport.relayed:type_name -> quotient.v1.RelayedHeard
+	2, // 3: quotient.v1.RelayedHeard.heard:type_name -> quotient.v1.RegionHeard
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_quotient_v1_usage_proto_init() }
@@ -420,7 +534,7 @@ func file_quotient_v1_usage_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quotient_v1_usage_proto_rawDesc), len(file_quotient_v1_usage_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
