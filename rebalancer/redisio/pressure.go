@@ -33,6 +33,18 @@ type PressureSource struct {
 	lastAt time.Time                  // zero before the first read
 	last   map[int64]map[string]int64 // epoch -> field -> count at lastAt
 	more   int64                      // reads that found more than maxKeys fields
+	// own holds, per key field, the usage counts of Demand's last read
+	// of it (a baseline for the next one) and the rate it gave.
+	own map[string]ownRead
+}
+
+// ownRead is one key's usage counts (by epoch) at a Demand read, and the
+// rate computed then (rateOK false when it was an estimate).
+type ownRead struct {
+	at     time.Time
+	counts map[int64]int64
+	rate   int64
+	rateOK bool
 }
 
 var _ rebalancer.PressureSource = (*PressureSource)(nil)
@@ -117,13 +129,21 @@ func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalan
 	return out, nil
 }
 
-// Demand implements rebalancer.PressureSource: each key's demand so far in
-// now's epoch, over the time the epoch has run (a slight underestimate:
+// Demand implements rebalancer.PressureSource: each key's recent demand
+// rate. A key read before, between epoch/10 and epoch/2 ago (1 s and 5 s
+// with 10 s epochs: one gateway flush at least, so the counts moved), gets
+// what its usage counts gained since that read over the time since; read
+// less than epoch/10 ago, the rate of that read again. Otherwise (a first
+// ask for the key, or an old baseline) the estimate is its demand so far
+// in now's epoch over the time the epoch has run (a slight underestimate:
 // the gateways' last flush interval is not in Redis yet); in the first
 // second of an epoch (DemandMinWindow) the previous epoch's demand is
 // added, over its length too, so that an epoch's first flushes do not
-// read as idle (which would give away share still in use). Keys without
-// usage are missing.
+// read as idle (which would give away share still in use). That estimate
+// is high for a key whose traffic just left (the epoch's earlier part
+// counts), so such a giver gives at the asker's next ask, when the
+// counts since this read show the traffic gone. Keys without usage are
+// missing.
 func (p *PressureSource) Demand(ctx context.Context, now time.Time, keys []rebalancer.Key) ([]rebalancer.Pressure, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -133,27 +153,68 @@ func (p *PressureSource) Demand(ctx context.Context, now time.Time, keys []rebal
 		fields[i] = k.PolicyID + ":" + k.Subject
 	}
 	e := rebalancer.EpochOf(now, p.epoch)
-	elapsed := now.Sub(rebalancer.EpochStart(e, p.epoch))
-	epochs := []int64{e}
-	if elapsed < DemandMinWindow && elapsed < p.epoch {
-		epochs = append(epochs, e-1)
-		elapsed += p.epoch
-	}
-	total := make([]int64, len(keys))
-	for _, ep := range epochs {
+	counts := map[int64][]int64{}
+	for _, ep := range []int64{e - 1, e} {
 		d, err := limiter.CollectUsageDemand(ctx, p.client, ep, p.shards, fields)
 		if err != nil && !errors.Is(err, limiter.ErrBadUsage) {
 			return nil, fmt.Errorf("%w: %w", ErrPressure, err)
 		}
-		for i := range d {
-			total[i] += d[i]
+		counts[ep] = d
+	}
+	elapsed := now.Sub(rebalancer.EpochStart(e, p.epoch))
+	estimate := func(i int) int64 {
+		total, window := counts[e][i], elapsed
+		if elapsed < DemandMinWindow && elapsed < p.epoch {
+			total += counts[e-1][i]
+			window += p.epoch
+		}
+		return total * 1000 * 1000 / max(1, window.Milliseconds())
+	}
+	minAge, maxAge := p.epoch/10, p.epoch/2
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.own == nil {
+		p.own = map[string]ownRead{}
+	}
+	for f, r := range p.own {
+		if now.Sub(r.at) > maxAge || now.Before(r.at) {
+			delete(p.own, f)
 		}
 	}
-	ms := max(1, elapsed.Milliseconds())
 	out := make([]rebalancer.Pressure, 0, len(keys))
 	for i, k := range keys {
-		if total[i] > 0 {
-			out = append(out, rebalancer.Pressure{Key: k, DemandMilli: total[i] * 1000 * 1000 / ms})
+		cur := map[int64]int64{e - 1: counts[e-1][i], e: counts[e][i]}
+		prev, known := p.own[fields[i]]
+		age := now.Sub(prev.at)
+		var rate int64
+		switch {
+		case known && age < minAge:
+			rate = estimate(i)
+			if prev.rateOK {
+				rate = prev.rate
+			}
+		case known:
+			delta, ok := int64(0), true
+			for ep, n := range cur {
+				before, had := prev.counts[ep]
+				if !had && rebalancer.EpochStart(ep, p.epoch).Before(prev.at) {
+					ok = false // the epoch ran at that read, which did not read it
+					break
+				}
+				delta += max(0, n-before)
+			}
+			if ok {
+				rate = delta * 1000 * 1000 / max(1, age.Milliseconds())
+			} else {
+				rate = estimate(i)
+			}
+			p.own[fields[i]] = ownRead{at: now, counts: cur, rate: rate, rateOK: ok}
+		default:
+			rate = estimate(i)
+			p.own[fields[i]] = ownRead{at: now, counts: cur, rate: rate}
+		}
+		if rate > 0 {
+			out = append(out, rebalancer.Pressure{Key: k, DemandMilli: rate})
 		}
 	}
 	return out, nil

@@ -69,3 +69,65 @@ func TestPressureSourceRates(t *testing.T) {
 		})
 	}
 }
+
+// TestPressureSourceDemandFollowsRecentUsage: a key read again between
+// epoch/10 and epoch/2 after its last Demand read gets the rate of what its
+// usage gained since (across an epoch boundary too), so a giver whose
+// traffic just left reads as idle at the asker's next ask instead of at
+// its epoch-to-date average; a read sooner than epoch/10 repeats the last
+// rate, and an old baseline falls back to the epoch-to-date estimate.
+func TestPressureSourceDemandFollowsRecentUsage(t *testing.T) {
+	const epoch = 10 * time.Second
+	for name, c := range clients(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			e := rebalancer.EpochOf(time.Now(), epoch) + 2
+			gw := limiter.NewRedisUsageSink(c, 4, epoch, 3)
+			a := limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "left"}
+			ka := rebalancer.Key{PolicyID: "g", Subject: a.Key()}
+			flush := func(ep, demand int64) {
+				t.Helper()
+				failed, err := gw.WriteUsage(ctx, []limiter.UsageCount{{Epoch: ep, PolicyID: "g", Subject: a, Demand: demand, Admitted: demand}})
+				require.NoError(t, err)
+				require.Empty(t, failed)
+			}
+			src := redisio.NewPressureSource(c, 4, epoch, 0)
+
+			// 6 s of 150/s, then the traffic leaves.
+			flush(e, 900)
+			t0 := rebalancer.EpochStart(e, epoch).Add(6 * time.Second)
+			own, err := src.Demand(ctx, t0, []rebalancer.Key{ka})
+			require.NoError(t, err)
+			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 150_000}}, own, "a first read: the epoch so far")
+
+			own, err = src.Demand(ctx, t0.Add(300*time.Millisecond), []rebalancer.Key{ka})
+			require.NoError(t, err)
+			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 900 * 1_000_000 / 6_300}}, own, "sooner than a flush after a first read: the epoch so far again")
+
+			t1 := t0.Add(time.Second)
+			own, err = src.Demand(ctx, t1, []rebalancer.Key{ka})
+			require.NoError(t, err)
+			assert.Empty(t, own, "nothing used since the last read: idle, though the epoch's average is 136/s")
+
+			own, err = src.Demand(ctx, t1.Add(200*time.Millisecond), []rebalancer.Key{ka})
+			require.NoError(t, err)
+			assert.Empty(t, own, "sooner than a flush after a measured rate: that rate again")
+
+			// Across the boundary: 20 units in the old epoch's last flush
+			// and 30 in the new one's first, 4 s after t1.
+			flush(e, 20)
+			flush(e+1, 30)
+			t2 := t1.Add(4 * time.Second)
+			own, err = src.Demand(ctx, t2, []rebalancer.Key{ka})
+			require.NoError(t, err)
+			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 50 * 1_000_000 / 4_000}}, own, "50 units in 4 s")
+
+			// A baseline older than epoch/2 is not used.
+			t3 := t2.Add(6 * time.Second)
+			own, err = src.Demand(ctx, t3, []rebalancer.Key{ka})
+			require.NoError(t, err)
+			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 30 * 1_000_000 / t3.Sub(rebalancer.EpochStart(e+1, epoch)).Milliseconds()}}, own, "the new epoch so far")
+		})
+	}
+}
