@@ -79,7 +79,7 @@ func TestSourceUnlinksCollectedUsage(t *testing.T) {
 			defer cancel()
 			epoch := rebalancer.EpochOf(time.Now(), 10*time.Second)
 			old := epoch - redisio.UnlinkLagEpochs
-			gw := limiter.NewRedisUsageSink(c, 4, 10*time.Second, 3)
+			gw := limiter.NewRedisUsageSink(c, 4, 10*time.Second, 10) // kept epochs outlive the test, even across epoch boundaries
 			var counts []limiter.UsageCount
 			for e := old - 1; e <= epoch; e++ {
 				for i := range 40 {
