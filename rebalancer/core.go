@@ -652,6 +652,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 	complete, silentIdx := c.view(m)
 	warm := c.warm(m)
 	c.fallback = warm || c.cutOff(m)
+	unheardIdx := c.unheard(m, silentIdx)
 	timely := EpochOf(now, c.cfg.Epoch) == m+1
 	d := Decision{Epoch: m, Complete: complete, Mode: shares.Hold}
 	switch {
@@ -711,9 +712,11 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		in := c.inputs(key, st, lim, m, false)
 		d.Keys++
 		mode := d.Mode
-		if mode != shares.Fallback && len(silentIdx) > 0 && (!complete || overCommitted(lim, in)) {
-			// A region is counted at the default (silent): fit under it
-			// now (package doc, "Fit").
+		if mode != shares.Fallback && (len(silentIdx) > 0 && (!complete || overCommitted(lim, in)) ||
+			len(unheardIdx) > 0 && overCommittedUnheard(lim, in, unheardIdx)) {
+			// A region is counted at the default (silent), or may enforce
+			// it (unheard for K epochs: its store may have restarted
+			// empty): fit under it now (package doc, "Fit").
 			mode = shares.Fallback
 			d.Capped++
 			c.stats.Capped++

@@ -3,6 +3,7 @@ package rebalancer
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 
 	"github.com/quotientlabs/quotient/shares"
 )
@@ -257,6 +258,49 @@ func overCommitted(lim shares.Limit, in []shares.RegionInput) bool {
 		s := r.Claim
 		if r.Silent {
 			s = def
+		}
+		rate, burst = satAdd(rate, s.RateMilli), satAdd(burst, s.BurstMilli)
+	}
+	return rate > lim.RateMilli || burst > lim.BurstMilli
+}
+
+// unheard returns the regions (not this one, not silent) of which this
+// region has no report of epochs m-K+1..m: the regions whose absence
+// would put it in fallback by the rule before the heard matrix, and which
+// the majority rule holds at their last claims instead. Such a region may
+// enforce more than its last claim: a share record below the default is
+// lost when its Redis restarts empty (no persistence), and the region's
+// gateways then enforce the default, before its coordinator can say so.
+func (c *Core) unheard(m int64, silent []int) []int {
+	if c.fallback {
+		return nil
+	}
+	var out []int
+	for i := range c.regions {
+		if i == c.self || slices.Contains(silent, i) {
+			continue
+		}
+		q := &c.remote[i]
+		if !q.heard || q.last <= m-c.cfg.SilenceEpochs {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// overCommittedUnheard reports whether the claims of in exceed the limit
+// when every region of unheard is counted at max(its last claim, the
+// default): what it enforces if its store lost its records (TestBinariesRedisKilled
+// restarts a region's Redis empty while the others hold).
+func overCommittedUnheard(lim shares.Limit, in []shares.RegionInput, unheard []int) bool {
+	def := lim.Default()
+	var rate, burst int64
+	for i, r := range in {
+		s := r.Claim
+		if r.Silent {
+			s = def
+		} else if slices.Contains(unheard, i) {
+			s = shares.Share{RateMilli: max(s.RateMilli, def.RateMilli), BurstMilli: max(s.BurstMilli, def.BurstMilli)}
 		}
 		rate, burst = satAdd(rate, s.RateMilli), satAdd(burst, s.BurstMilli)
 	}
