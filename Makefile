@@ -27,6 +27,9 @@ test: deps
 	./scripts/terraform-check.sh install
 	$(GO) build $(PKGS)
 	$(GO) test -race -count=1 -timeout 45m $$($(GO) list $(PKGS) | grep -v /e2e$$)
+	# The rebalancer's random property tests at full count without the race
+	# detector (a race build plays a fifth of their scenarios).
+	$(GO) test -count=1 -timeout 10m -run '^(TestTransfersSafetyUnderChaos|TestMajorityRule.*)$$' ./rebalancer/
 	# The shipped binaries end to end (three regions on loopback), alone so
 	# that the processes keep the deployment's timing; the test process
 	# itself only paces clients, so the race detector adds nothing there.

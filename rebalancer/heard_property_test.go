@@ -214,10 +214,15 @@ func runHeardInto(t testing.TB, out **cluster, s scenario, cuts []linkCut, seed 
 	return c
 }
 
-// heardCases is how many scenarios each property test plays.
+// heardCases is how many scenarios each property test plays: 3000, a
+// fifth in a race build (make test plays them all again without the race
+// detector), 300 with -short.
 func heardCases() int {
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		return 300
+	case raceBuild:
+		return 600
 	}
 	return 3000
 }

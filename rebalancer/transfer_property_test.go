@@ -218,7 +218,10 @@ func randTransfers(r *rand.Rand) *xferNet {
 // all regions never sum above L or B, checked after every write, and
 // every decision's mode matches the naive reference.
 func TestTransfersSafetyUnderChaos(t *testing.T) {
-	cases := 1500
+	cases := 1500 // a fifth in a race build (see raceBuild)
+	if raceBuild {
+		cases = 300
+	}
 	if testing.Short() {
 		cases = 150
 	}
@@ -254,7 +257,11 @@ func TestTransfersSafetyUnderChaos(t *testing.T) {
 	require.Greater(t, total.Gives, int64(cases))
 	require.Greater(t, total.Accepted, int64(cases/2))
 	require.Greater(t, total.Refused, int64(cases/2))
-	require.Positive(t, total.RefusedKeys) // rare: cascades and mixed parts (unit tests)
+	if cases >= 1500 {
+		// Rare (cascades and mixed parts; unit tests cover them): only the
+		// full count is sure to meet one.
+		require.Positive(t, total.RefusedKeys)
+	}
 }
 
 // runWith is run with asks and gives (xn) between the decisions.
