@@ -30,6 +30,9 @@ test: deps
 	# The rebalancer's random property tests at full count without the race
 	# detector (a race build plays a fifth of their scenarios).
 	$(GO) test -count=1 -timeout 10m -run '^(TestTransfersSafetyUnderChaos|TestMajorityRule.*)$$' ./rebalancer/
+	# The transfer cost of the whole suite, zipf-many-keys included (a race
+	# build leaves it out).
+	$(GO) test -count=1 -timeout 10m -run '^TestTransferCostOnTheSuite$$' ./simulations/
 	# The shipped binaries end to end (three regions on loopback), alone so
 	# that the processes keep the deployment's timing; the test process
 	# itself only paces clients, so the race detector adds nothing there.
