@@ -61,12 +61,13 @@ func TestSinkExactAtCallAndBatchBoundaries(t *testing.T) {
 
 // TestSourceUnlinksCollectedUsage: reading epoch E deletes the usage
 // hashes and overflow marker of E-UnlinkLagEpochs, a 125,000-field shard
-// (a million-key epoch's) among them, in under a millisecond of
-// redis-server time per round (UNLINK frees it in the background; a DEL,
-// or the expiry redis-server 7.0 runs in the foreground, takes about
-// 27 ms), and leaves the other epochs' usage alone; on a standalone Redis
-// and a cluster. The CPU time is read as in TestSinkCallsStayShort, on
-// the standalone server.
+// (a million-key epoch's) among them, with UNLINK, which frees a hash on
+// a background thread (about 0.09 ms of redis-server's main thread for
+// that shard, where a DEL, or the expiry redis-server 7.0 runs in the
+// foreground, takes about 27 ms), and leaves the other epochs' usage
+// alone; on a standalone Redis and a cluster. The test checks the
+// commands sent (on the standalone server, through a hook), not their
+// time, which depends on the machine's load.
 func TestSourceUnlinksCollectedUsage(t *testing.T) {
 	srv := redistest.StartServer(t)
 	targets := map[string]redis.UniversalClient{
@@ -106,10 +107,10 @@ func TestSourceUnlinksCollectedUsage(t *testing.T) {
 			require.NoError(t, err)
 			require.GreaterOrEqual(t, c.HLen(ctx, big).Val(), int64(125_000))
 
-			var timer *redistest.PipelineCPU
+			var log *redistest.PipelineLog
 			if cl, ok := c.(*redis.Client); ok {
-				timer = redistest.NewPipelineCPU(ctx, srv)
-				cl.AddHook(timer)
+				log = &redistest.PipelineLog{}
+				cl.AddHook(log)
 				defer cl.Close()
 			}
 			got, err := redisio.NewSource(c, 4).Usage(ctx, epoch)
@@ -129,10 +130,23 @@ func TestSourceUnlinksCollectedUsage(t *testing.T) {
 			n, err := c.Exists(ctx, limiter.UsageOverflowKey(old)).Result()
 			require.NoError(t, err)
 			assert.Zero(t, n, "the old epoch's overflow marker unlinked")
-			if timer != nil {
-				require.NoError(t, timer.Err)
-				t.Logf("%d rounds, longest %v of redis-server CPU; preempted %d times", len(timer.Rounds), timer.Longest(), timer.Preempted)
-				assert.Less(t, timer.Longest(), time.Millisecond, "the longest round's redis-server CPU time")
+			if log != nil {
+				unlinked := map[string]bool{}
+				for _, round := range log.Rounds() {
+					for _, cmd := range round {
+						args := cmd.Args()
+						assert.NotEqual(t, "del", args[0], "no foreground delete: %v", args)
+						if args[0] == "unlink" {
+							for _, k := range args[1:] {
+								unlinked[k.(string)] = true
+							}
+						}
+					}
+				}
+				for s := range 4 {
+					assert.True(t, unlinked[limiter.UsageKey(old, s)], "shard %d of epoch %d deleted by UNLINK", s, old)
+				}
+				assert.True(t, unlinked[limiter.UsageOverflowKey(old)], "the overflow marker deleted by UNLINK")
 			}
 		})
 	}
