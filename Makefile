@@ -29,10 +29,10 @@ test: deps
 	$(GO) test -race -count=1 -timeout 45m $$($(GO) list $(PKGS) | grep -v /e2e$$)
 	# The rebalancer's random property tests at full count without the race
 	# detector (a race build plays a fifth of their scenarios).
-	$(GO) test -count=1 -timeout 10m -run '^(TestTransfersSafetyUnderChaos|TestMajorityRule.*)$$' ./rebalancer/
-	# The transfer cost of the whole suite, zipf-many-keys included (a race
-	# build leaves it out).
-	$(GO) test -count=1 -timeout 10m -run '^TestTransferCostOnTheSuite$$' ./simulations/
+	$(GO) test -count=1 -timeout 10m -run '^(TestSafetyUnderChaos|TestOrderAndDuplicatesChangeNothing|TestTransfersSafetyUnderChaos|TestMajorityRule.*)$$' ./rebalancer/
+	# The standard suite's targets and its transfer cost, every scenario (a
+	# race build plays a sample of them).
+	$(GO) test -count=1 -timeout 10m -run '^(TestStandardSuiteMeetsItsTargets|TestTransferCostOnTheSuite)$$' ./simulations/
 	# The shipped binaries end to end (three regions on loopback), alone so
 	# that the processes keep the deployment's timing; the test process
 	# itself only paces clients, so the race detector adds nothing there.

@@ -195,7 +195,10 @@ func (s scenario) run(t testing.TB, r *rand.Rand) *cluster {
 // and restarts): the shares enforced by all regions never sum above L or B,
 // and every decision's mode matches the naive reference.
 func TestSafetyUnderChaos(t *testing.T) {
-	cases := 2000
+	cases := 2000 // a fifth in a race build (see raceBuild)
+	if raceBuild {
+		cases /= 5
+	}
 	if testing.Short() {
 		cases = 200
 	}
@@ -250,7 +253,11 @@ func TestSafetyUnderChaos(t *testing.T) {
 // several times: every decision and every published report is the same.
 func TestOrderAndDuplicatesChangeNothing(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
-	for i := 0; i < 300; i++ {
+	cases := 300 // a fifth in a race build (see raceBuild)
+	if raceBuild {
+		cases /= 5
+	}
+	for i := 0; i < cases; i++ {
 		seed := r.Uint64()
 		s := randScenario(rand.New(rand.NewPCG(seed, 1)))
 		s.crashes = nil

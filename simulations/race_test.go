@@ -2,7 +2,8 @@
 
 package simulations
 
-// raceBuild is true in a race build, where TestTransferCostOnTheSuite
-// leaves out zipf-many-keys (3.1 million decisions: most of its minute
-// under the detector); `make test` runs it whole again without it.
+// raceBuild is true in a race build, where TestStandardSuiteMeetsItsTargets
+// plays every third scenario and TestTransferCostOnTheSuite two (the
+// whole suite takes some 90 s under the detector, zipf-many-keys most of
+// it); `make test` runs both whole again without it.
 const raceBuild = true
