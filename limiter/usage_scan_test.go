@@ -44,22 +44,9 @@ func TestCollectUsageReadsABigShardInPages(t *testing.T) {
 	_, err := pipe.Exec(ctx)
 	require.NoError(t, err)
 
-	reader := redis.NewClient(&redis.Options{Addr: srv.Addr(), DisableIdentity: true})
-	defer reader.Close()
-	log := &redistest.PipelineLog{}
-	reader.AddHook(log)
-	got, err := CollectUsageTotals(ctx, reader, epoch, 1)
-	require.NoError(t, err)
-
-	require.Len(t, got, keys)
-	var sum int64
-	for _, u := range got {
-		sum += u.Demand + u.Admitted
-	}
-	assert.Equal(t, want, sum, "exact totals")
-
+	rounds := collectLogged(ctx, t, srv, epoch, 1, keys, want)
 	pages := 0
-	for r, round := range log.Rounds() {
+	for r, round := range rounds {
 		require.Len(t, round, 1, "round %d: one shard, one HSCAN", r)
 		sc, ok := round[0].(*redis.ScanCmd)
 		require.True(t, ok, "round %d: %T", r, round[0])

@@ -96,22 +96,7 @@ func TestCollectUsageRoundsAreBounded(t *testing.T) {
 	epoch := time.Now().UnixMilli()/10_000 + 1
 	want := writeUsageKeys(ctx, t, srv.Client(), epoch, keys)
 
-	// A client of its own, so that the hook sees only the collection.
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DisableIdentity: true})
-	defer client.Close()
-	log := &redistest.PipelineLog{}
-	client.AddHook(log)
-	got, err := CollectUsageTotals(ctx, client, epoch, 0)
-	require.NoError(t, err)
-
-	require.Len(t, got, keys)
-	var sum int64
-	for _, u := range got {
-		sum += u.Demand + u.Admitted
-	}
-	assert.Equal(t, want, sum, "exact totals")
-
-	rounds := log.Rounds()
+	rounds := collectLogged(ctx, t, srv, epoch, 0, keys, want)
 	// Every shard is read to its end: at least ceil(2,500 / (2 x COUNT))
 	// pages each, so at least that many rounds of full pipelines.
 	require.GreaterOrEqual(t, len(rounds), DefaultUsageShards/UsageScanPipeline*(2*keys/DefaultUsageShards)/(2*UsageScanCount))
@@ -135,6 +120,27 @@ func TestCollectUsageRoundsAreBounded(t *testing.T) {
 		longestRound = max(longestRound, fields)
 	}
 	t.Logf("%d rounds; longest page %d fields, longest round %d fields", len(rounds), longestPage, longestRound)
+}
+
+// collectLogged collects epoch's usage over shards (the default when 0)
+// through a client of its own, so that its hook sees only the collection,
+// checks that it returns keys keys whose demand and admitted counts sum
+// to want, and returns the pipelines the collection sent.
+func collectLogged(ctx context.Context, t *testing.T, srv *redistest.Server, epoch int64, shards, keys int, want int64) [][]redis.Cmder {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DisableIdentity: true})
+	defer client.Close()
+	log := &redistest.PipelineLog{}
+	client.AddHook(log)
+	got, err := CollectUsageTotals(ctx, client, epoch, shards)
+	require.NoError(t, err)
+	require.Len(t, got, keys)
+	var sum int64
+	for _, u := range got {
+		sum += u.Demand + u.Admitted
+	}
+	assert.Equal(t, want, sum, "exact totals")
+	return log.Rounds()
 }
 
 // writeUsageKeys writes one epoch's usage of keys keys through a gateway's
