@@ -20,38 +20,34 @@ func TestPrepareOfBothBuses(t *testing.T) {
 	brokers := startKafka(t)
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	for _, tc := range []struct {
-		name string
-		open func(*kafkautil.Cluster) (prepare func(context.Context) error, errs func() int64, close func() error)
-	}{
-		{"reports", func(cl *kafkautil.Cluster) (func(context.Context) error, func() int64, func() error) {
-			cfg := kafkabus.DefaultConfig()
-			cfg.Topic = "prep.reports"
-			b, err := kafkabus.New(cl, cfg)
-			require.NoError(t, err)
-			return b.Prepare, func() int64 { return b.Stats().PrepareErrors }, b.Close
-		}},
-		{"transfers", func(cl *kafkautil.Cluster) (func(context.Context) error, func() int64, func() error) {
-			cfg := kafkabus.DefaultTransferConfig()
-			cfg.Topic = "prep.transfers"
-			b, err := kafkabus.NewTransferBus(cl, cfg)
-			require.NoError(t, err)
-			return b.Prepare, func() int64 { return b.Stats().PrepareErrors }, b.Close
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cl, err := kafkautil.New(kafkautil.DefaultConfig(brokers...))
-			require.NoError(t, err)
-			defer func() { assert.NoError(t, cl.Close()) }()
-			prepare, errs, closeBus := tc.open(cl)
-			require.NoError(t, prepare(ctx))
-			assert.Zero(t, errs())
-			require.NoError(t, closeBus())
-			assert.ErrorIs(t, prepare(ctx), kafkabus.ErrClosed)
-			assert.ErrorIs(t, prepare(ctx), kafkabus.ErrClosed)
-			assert.Equal(t, int64(2), errs())
-		})
+	cluster := func(t *testing.T) *kafkautil.Cluster {
+		cl, err := kafkautil.New(kafkautil.DefaultConfig(brokers...))
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, cl.Close()) })
+		return cl
 	}
+	check := func(t *testing.T, prepare func(context.Context) error, errs func() int64, closeBus func() error) {
+		require.NoError(t, prepare(ctx))
+		assert.Zero(t, errs())
+		require.NoError(t, closeBus())
+		assert.ErrorIs(t, prepare(ctx), kafkabus.ErrClosed)
+		assert.ErrorIs(t, prepare(ctx), kafkabus.ErrClosed)
+		assert.Equal(t, int64(2), errs())
+	}
+	t.Run("reports", func(t *testing.T) {
+		cfg := kafkabus.DefaultConfig()
+		cfg.Topic = "prep.reports"
+		b, err := kafkabus.New(cluster(t), cfg)
+		require.NoError(t, err)
+		check(t, b.Prepare, func() int64 { return b.Stats().PrepareErrors }, b.Close)
+	})
+	t.Run("transfers", func(t *testing.T) {
+		cfg := kafkabus.DefaultTransferConfig()
+		cfg.Topic = "prep.transfers"
+		b, err := kafkabus.NewTransferBus(cluster(t), cfg)
+		require.NoError(t, err)
+		check(t, b.Prepare, func() int64 { return b.Stats().PrepareErrors }, b.Close)
+	})
 }
 
 // A TransferBus's Run waits for a consumed topic that does not exist and
