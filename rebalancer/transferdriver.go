@@ -326,8 +326,8 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 // acceptGive lets the Core apply a give to this region and writes the
 // raised shares (on failure they stay queued, and no report is published
 // until they are written). A refusal is logged at debug level with its
-// reason, the give's transfer epoch, this region's and the give's keys
-// (the first logGiveKeys of them).
+// reason, the giver, the give's id and transfer epoch, this region's last
+// collected epoch and the give's keys (the first logGiveKeys of them).
 func (d *Driver) acceptGive(ctx context.Context, g *Give) {
 	ups, why, err := d.core.ReceiveGiveReason(d.clock.Now(), g)
 	info := TransferInfo{Kind: GiveReceived, Region: g.From, Keys: len(g.Keys), Amount: amountOf(g), Refusal: why}
