@@ -484,22 +484,32 @@ func raiseUnmix(s shares.Share, lim shares.Limit) shares.Share {
 // whose policy is unknown (Stats.RefusedKeys). If the write fails, the
 // driver must not publish the next report until the updates are written,
 // as for a decision's. Errors wrap ErrTransfer (malformed give); nothing
-// changed then.
+// changed then. ReceiveGiveReason also says why a give raised nothing.
 func (c *Core) ReceiveGive(now time.Time, g *Give) ([]Update, error) {
+	ups, _, err := c.ReceiveGiveReason(now, g)
+	return ups, err
+}
+
+// ReceiveGiveReason is ReceiveGive, and says why it raised no share
+// (GiveAccepted when it raised some): RefusedInvalid with the error,
+// RefusedOtherRegion for a give to another region, the reason that
+// refused the whole gift (see GiveRefusal), or the cause that most of
+// its keys were refused for.
+func (c *Core) ReceiveGiveReason(now time.Time, g *Give) ([]Update, GiveRefusal, error) {
 	if err := c.checkGive(g); err != nil {
-		return nil, err
+		return nil, RefusedInvalid, err
 	}
 	if g.To != c.cfg.Region {
-		return nil, nil
+		return nil, RefusedOtherRegion, nil
 	}
 	id := giveID{from: g.From, id: g.ID}
 	_, dup := c.tr.seen[id]
-	if !c.transferring() || dup || g.Transfer != c.published+1 {
+	if why := c.giveGate(g, dup); why != GiveAccepted {
 		c.stats.Refused++
 		for _, gk := range g.Keys {
 			c.stats.DroppedAmount = satAdd(c.stats.DroppedAmount, gk.Amount.RateMilli)
 		}
-		return nil, nil
+		return nil, why, nil
 	}
 	if c.tr.seen == nil {
 		c.tr.seen = make(map[giveID]int64)
@@ -508,16 +518,19 @@ func (c *Core) ReceiveGive(now time.Time, g *Give) ([]Update, error) {
 	c.lcOn = false
 	defer func() { c.lcOn = false }()
 	var ups []Update
+	var refused keyRefusals
 	for _, gk := range g.Keys {
 		if x := c.xcurrent(gk.Key); x != nil && x.given != (shares.Share{}) {
 			c.stats.RefusedKeys++
 			c.stats.DroppedAmount = satAdd(c.stats.DroppedAmount, gk.Amount.RateMilli)
+			refused.givenHere++
 			continue
 		}
 		st, lim, ok := c.keyFor(gk.Key, now)
 		if !ok {
 			c.stats.RefusedKeys++
 			c.stats.DroppedAmount = satAdd(c.stats.DroppedAmount, gk.Amount.RateMilli)
+			refused.unknown++
 			continue
 		}
 		cur := clamp(st.share, lim)
@@ -530,6 +543,7 @@ func (c *Core) ReceiveGive(now time.Time, g *Give) ([]Update, error) {
 		c.stats.DroppedAmount = satAdd(c.stats.DroppedAmount, gk.Amount.RateMilli-got.RateMilli)
 		if got == (shares.Share{}) {
 			c.stats.RefusedKeys++
+			refused.noRoom++
 			continue
 		}
 		ups = append(ups, c.record(gk.Key, st, lim, next, c.published))
@@ -538,11 +552,12 @@ func (c *Core) ReceiveGive(now time.Time, g *Give) ([]Update, error) {
 		x.accepted = shares.Share{RateMilli: x.accepted.RateMilli + got.RateMilli, BurstMilli: x.accepted.BurstMilli + got.BurstMilli}
 		x.acceptedIn, x.unanswered = c.published, 0
 	}
-	if len(ups) > 0 {
-		c.stats.Accepted++
+	if len(ups) == 0 {
+		return nil, refused.reason(), nil
 	}
+	c.stats.Accepted++
 	c.stats.Updates += int64(len(ups))
-	return ups, nil
+	return ups, GiveAccepted, nil
 }
 
 // checkAsk validates an Ask; the error wraps ErrTransfer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -90,7 +91,8 @@ const (
 	// the amount is unused until the next decision).
 	ReasonPublish = "publish"
 	// ReasonCore: the Core refused the give (fallback, warm-up, not the
-	// transfer epoch it expects, a duplicate; see Core.ReceiveGive).
+	// transfer epoch it expects, a duplicate, no key it could raise;
+	// TransferInfo.Refusal says which; see Core.ReceiveGiveReason).
 	ReasonCore = "core"
 	// ReasonError: the Core rejected a malformed give (ErrTransfer).
 	ReasonError = "invalid"
@@ -110,6 +112,10 @@ type TransferInfo struct {
 	Accepted bool
 	Reason   string // why a give was dropped or refused; empty otherwise
 	Err      error  // what failed, if anything
+	// Refusal says why a received give raised no share (GiveReceived and
+	// not Accepted: RefusedInvalid with Reason ReasonError, any other with
+	// ReasonCore); GiveAccepted otherwise.
+	Refusal GiveRefusal
 }
 
 // TransferObserver is implemented by an Observer that also wants the
@@ -319,16 +325,23 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 
 // acceptGive lets the Core apply a give to this region and writes the
 // raised shares (on failure they stay queued, and no report is published
-// until they are written).
+// until they are written). A refusal is logged at debug level with its
+// reason, the giver, the give's id and transfer epoch, this region's last
+// collected epoch and the give's keys (the first logGiveKeys of them).
 func (d *Driver) acceptGive(ctx context.Context, g *Give) {
-	ups, err := d.core.ReceiveGive(d.clock.Now(), g)
-	info := TransferInfo{Kind: GiveReceived, Region: g.From, Keys: len(g.Keys), Amount: amountOf(g)}
+	ups, why, err := d.core.ReceiveGiveReason(d.clock.Now(), g)
+	info := TransferInfo{Kind: GiveReceived, Region: g.From, Keys: len(g.Keys), Amount: amountOf(g), Refusal: why}
 	switch {
 	case err != nil:
 		info.Reason, info.Err = ReasonError, err
-		d.log.Warn("rebalancer: give rejected", "from", g.From, "id", g.ID, "err", err)
-	case len(ups) == 0:
+		d.log.Warn("rebalancer: give rejected", "reason", why.String(), "from", g.From, "id", g.ID, "err", err)
+	case why != GiveAccepted:
 		info.Reason = ReasonCore
+		if d.log.Enabled(ctx, slog.LevelDebug) {
+			collected, _ := d.core.Pending()
+			d.log.Debug("rebalancer: give refused", "reason", why.String(), "from", g.From, "id", g.ID,
+				"transfer_epoch", g.Transfer, "collected_epoch", collected, "keys", len(g.Keys), "key", giveKeys(g))
+		}
 	default:
 		info.Accepted = true
 		d.enqueue(ups)
@@ -337,6 +350,18 @@ func (d *Driver) acceptGive(ctx context.Context, g *Give) {
 		}
 	}
 	d.observeTransfer(info)
+}
+
+// logGiveKeys bounds the keys a refused give's log line names.
+const logGiveKeys = 8
+
+// giveKeys names the first logGiveKeys keys of g as policy/subject.
+func giveKeys(g *Give) []string {
+	out := make([]string, 0, min(len(g.Keys), logGiveKeys))
+	for _, k := range g.Keys[:min(len(g.Keys), logGiveKeys)] {
+		out = append(out, k.PolicyID+"/"+k.Subject)
+	}
+	return out
 }
 
 func amountOf(g *Give) shares.Share {

@@ -34,6 +34,7 @@ type metrics struct {
 	// Transfers between decisions (issue 17).
 	transferAsks      *prometheus.CounterVec // by direction
 	transferGives     *prometheus.CounterVec // by direction, outcome
+	transferRefused   *prometheus.CounterVec // by reason
 	transferAmount    *prometheus.CounterVec // by direction
 	transferMalformed prometheus.Counter
 }
@@ -105,6 +106,10 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 		Name: "quotient_coordinator_transfer_gives_total",
 		Help: "Gives of share between decisions, by direction and outcome: sent/published, sent/dropped_write (the lowered shares were not written, so the give was not sent), sent/dropped_publish (written, not published: the amount is unused until the next decision); received/accepted, received/refused_core (fallback, warm-up, not the expected transfer epoch, duplicate), received/refused_invalid (malformed).",
 	}, []string{"direction", "outcome"})
+	m.transferRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quotient_coordinator_transfer_gives_refused_total",
+		Help: "Gives to this region that raised no share, by reason (rebalancer.GiveRefusal): invalid (malformed), other_region (addressed elsewhere), disabled (--transfers=false), warmup (after a start), no_report (none published for the last collected epoch), fallback, duplicate (accepted before), epoch (for another report period), or, every key refused, the cause most keys had: given_here (given from here since the last report), unknown_policy, no_room (at the limit, or nothing left to raise). Each refusal but invalid is logged at debug level with the give's keys and epochs.",
+	}, []string{"reason"})
 	m.transferAmount = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quotient_coordinator_transfer_rate_moved_milli_total",
 		Help: "Rate share moved by gives, milli cost units per second summed over keys and gives: given (published by this region) and accepted (raised here; the whole amount of an accepted give, including a part the Core dropped to keep the share on one side of the default).",
@@ -122,7 +127,10 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 	for _, d := range []string{"given", "accepted"} {
 		m.transferAmount.WithLabelValues(d)
 	}
-	reg.MustRegister(m.transferAsks, m.transferGives, m.transferAmount, m.transferMalformed)
+	for _, r := range rebalancer.GiveRefusals() {
+		m.transferRefused.WithLabelValues(r.String())
+	}
+	reg.MustRegister(m.transferAsks, m.transferGives, m.transferRefused, m.transferAmount, m.transferMalformed)
 	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.usageUnknown, m.usageIncompl, m.again, m.held, m.errors)
 	for _, k := range []string{"usage_read", "publish", "share_write", "report", "transfer"} {
 		m.errors.WithLabelValues(k)
@@ -168,8 +176,10 @@ func (m *metrics) Transferred(t rebalancer.TransferInfo) {
 			m.transferAmount.WithLabelValues("accepted").Add(float64(t.Amount.RateMilli))
 		case t.Reason == rebalancer.ReasonError:
 			m.transferGives.WithLabelValues("received", "refused_invalid").Inc()
+			m.transferRefused.WithLabelValues(rebalancer.RefusedInvalid.String()).Inc()
 		default:
 			m.transferGives.WithLabelValues("received", "refused_core").Inc()
+			m.transferRefused.WithLabelValues(t.Refusal.String()).Inc()
 		}
 	}
 }

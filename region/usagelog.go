@@ -16,7 +16,9 @@ import (
 // version, a subject kind it does not know) is counted in
 // quotient_coordinator_usage_bad_fields_total and logged once per epoch
 // that has any, with the first such field. Without this the key's usage
-// silently counted as none, and its share never grew. Safe for concurrent
+// silently counted as none, and its share never grew. Its failures to
+// unlink an old epoch's usage (redisio.Source.UnlinkFailures) are counted
+// in quotient_coordinator_usage_unlink_failures_total. Safe for concurrent
 // use.
 type loggedUsage struct {
 	src  *redisio.Source
@@ -30,6 +32,10 @@ func newLoggedUsage(src *redisio.Source, log *slog.Logger, reg prometheus.Regist
 		Name: "quotient_coordinator_usage_bad_fields_total",
 		Help: "Usage entries read from this region's Redis and skipped because they do not parse (each epoch with any also logs the first one).",
 	}, func() float64 { return float64(src.BadFields()) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "quotient_coordinator_usage_unlink_failures_total",
+		Help: "Collections whose deletion (UNLINK) of the usage hashes and overflow marker of the epoch two before failed: those keys were not freed in the background and will expire by themselves, which frees them on redis-server's main thread unless lazyfree-lazy-expire is yes (README, \"Expiry of usage hashes\").",
+	}, func() float64 { return float64(src.UnlinkFailures()) }))
 	return u
 }
 

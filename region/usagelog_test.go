@@ -3,6 +3,7 @@ package region
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -48,4 +50,36 @@ quotient_coordinator_usage_bad_fields_total 1
 	_, err = u.Usage(ctx, epoch+1)
 	require.NoError(t, err)
 	assert.Empty(t, logs.String())
+}
+
+// An old epoch's usage that the source could not unlink is counted in a
+// metric: here the coordinator's Redis user may not run UNLINK, so every
+// collection's unlink fails while the usage itself is still read.
+func TestUnlinkFailuresAreCounted(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	admin := srv.Client()
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "coordinator", "on", ">pw", "~*", "&*", "+@all", "-unlink").Err())
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "coordinator", Password: "pw"})
+	t.Cleanup(func() { _ = client.Close() })
+	epoch := time.Now().UnixMilli() / 10_000
+	require.NoError(t, admin.HSet(ctx, limiter.UsageKey(epoch, 0), "d:g:k:good", 3, "a:g:k:good", 2).Err())
+	old := limiter.UsageKey(epoch-redisio.UnlinkLagEpochs, 0)
+	require.NoError(t, admin.HSet(ctx, old, "d:g:k:good", 1).Err())
+
+	reg := prometheus.NewRegistry()
+	u := newLoggedUsage(redisio.NewSource(client, 1), slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+	got, err := u.Usage(ctx, epoch)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, int64(3), got[0].Demand)
+	n, err := admin.Exists(ctx, old).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "the old epoch's hash is still there (UNLINK denied)")
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP quotient_coordinator_usage_unlink_failures_total Collections whose deletion (UNLINK) of the usage hashes and overflow marker of the epoch two before failed: those keys were not freed in the background and will expire by themselves, which frees them on redis-server's main thread unless lazyfree-lazy-expire is yes (README, "Expiry of usage hashes").
+# TYPE quotient_coordinator_usage_unlink_failures_total counter
+quotient_coordinator_usage_unlink_failures_total 1
+`), "quotient_coordinator_usage_unlink_failures_total"))
 }

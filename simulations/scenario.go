@@ -227,10 +227,12 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// number decodes a finite JSON number.
+// number decodes a finite JSON number. A null is refused too
+// (encoding/json would leave it 0, and the file would be read as if it
+// said 0).
 func (p *parser) number(path string, raw json.RawMessage) (float64, bool) {
 	var v float64
-	if err := json.Unmarshal(raw, &v); err != nil {
+	if err := json.Unmarshal(raw, &v); err != nil || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		p.add(path, "want a number, got %s", short(raw))
 		return 0, false
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -44,4 +45,19 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// flagsExit says how a command stops on err, an error of its flags (from
+// parsing them or from what they name, as a TLS file): stop is false when
+// err is nil; code is 0 for -h or --help (the usage is printed), else 2,
+// with "quotient NAME: err" on env.stderr.
+func flagsExit(env environment, name string, err error) (code int, stop bool) {
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, flag.ErrHelp):
+		return 0, true
+	}
+	fmt.Fprintf(env.stderr, "quotient %s: %v\n", name, err)
+	return 2, true
 }

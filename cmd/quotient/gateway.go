@@ -117,17 +117,12 @@ func parseGatewayFlags(env environment, args []string) (*gatewayConfig, error) {
 // runGateway implements `quotient gateway`.
 func runGateway(ctx context.Context, env environment, args []string) int {
 	cfg, err := parseGatewayFlags(env, args)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(env.stderr, "quotient gateway: %v\n", err)
-		return 2
+	if code, stop := flagsExit(env, "gateway", err); stop {
+		return code
 	}
 	log := slog.New(slog.NewTextHandler(env.stderr, nil))
-	if err := cfg.transport(log); err != nil {
-		fmt.Fprintf(env.stderr, "quotient gateway: %v\n", err)
-		return 2
+	if code, stop := flagsExit(env, "gateway", cfg.transport(log)); stop {
+		return code
 	}
 	if err := serveGateway(ctx, env, cfg, log); err != nil {
 		log.Error("quotient gateway: " + err.Error())
@@ -220,23 +215,16 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 	// The servers' own errors (refused TLS handshakes among them) go to
 	// the process's log.
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-	var metricsLn net.Listener
-	if cfg.metricsListen == "" {
+	ln, metricsLn, err := openListeners(env.stdout, "gateway", cfg.listen, cfg.metricsListen)
+	if err != nil {
+		return err
+	}
+	if metricsLn == nil {
 		mux.Handle("/metrics", metricsHandler)
 	} else {
 		mm := http.NewServeMux()
 		mm.Handle("/metrics", metricsHandler)
-		if metricsLn, err = net.Listen("tcp", cfg.metricsListen); err != nil {
-			return fmt.Errorf("--metrics-listen: %w", err)
-		}
 		servers = append(servers, &http.Server{Handler: mm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: errLog})
-	}
-	ln, err := net.Listen("tcp", cfg.listen)
-	if err != nil {
-		if metricsLn != nil {
-			_ = metricsLn.Close()
-		}
-		return fmt.Errorf("--listen: %w", err)
 	}
 	main := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
 	servers = append([]*http.Server{main}, servers...)
@@ -249,10 +237,6 @@ func serveGateway(ctx context.Context, env environment, cfg *gatewayConfig, log 
 			lns[i] = tls.NewListener(lns[i], cfg.listenTLS)
 		}
 	}
-	if metricsLn != nil {
-		fmt.Fprintf(env.stdout, "quotient gateway: metrics on %s\n", metricsLn.Addr())
-	}
-	fmt.Fprintf(env.stdout, "quotient gateway: listening on %s\n", ln.Addr())
 	log.Info("gateway started", "listen", ln.Addr().String(), "tls", cfg.listenTLS != nil, "client_certs", cfg.listenSec.clientCA != "", "upstream", upstream.String(), "policies", len(policies), "keys", len(keys))
 
 	errc := make(chan error, len(servers))

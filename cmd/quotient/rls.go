@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -169,10 +168,9 @@ func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
 		return nil, fmt.Errorf("--max-delay must be >= 0, got %v", c.maxDelay)
 	case c.streamWorkers < 0 || c.streamWorkers > maxStreamWorkers:
 		return nil, fmt.Errorf("--grpc-stream-workers must be between 0 and %d, got %d", maxStreamWorkers, c.streamWorkers)
-	case (c.listenSec.cert == "") != (c.listenSec.key == ""):
-		return nil, errors.New("--listen-tls-cert and --listen-tls-key go together")
-	case c.listenSec.clientCA != "" && c.listenSec.cert == "":
-		return nil, errors.New("--listen-tls-client-ca needs --listen-tls-cert and --listen-tls-key: client certificates are verified in a TLS handshake")
+	}
+	if err := c.listenSec.check(); err != nil {
+		return nil, err
 	}
 	if err := c.limiterFlags.validate(); err != nil {
 		return nil, err
@@ -189,12 +187,8 @@ func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
 // runRLS implements `quotient rls`.
 func runRLS(ctx context.Context, env environment, args []string) int {
 	cfg, err := parseRLSFlags(env, args)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(env.stderr, "quotient rls: %v\n", err)
-		return 2
+	if code, stop := flagsExit(env, "rls", err); stop {
+		return code
 	}
 	log := slog.New(slog.NewTextHandler(env.stderr, nil))
 	gogc := false
@@ -204,9 +198,9 @@ func runRLS(ctx context.Context, env environment, args []string) int {
 	if cfg.gcExplicit || !gogc {
 		debug.SetGCPercent(cfg.gcPercent)
 	}
-	if cfg.grpcTLS, cfg.metricsTLS, err = cfg.listenerTLS(log); err != nil {
-		fmt.Fprintf(env.stderr, "quotient rls: %v\n", err)
-		return 2
+	cfg.grpcTLS, cfg.metricsTLS, err = cfg.listenerTLS(log)
+	if code, stop := flagsExit(env, "rls", err); stop {
+		return code
 	}
 	if err := serveRLS(ctx, env, cfg, log); err != nil {
 		log.Error("quotient rls: " + err.Error())
@@ -292,12 +286,12 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 		go qs.Run(qctx)
 	}
 
-	var metricsLn net.Listener
+	ln, metricsLn, err := openListeners(env.stdout, "rls", cfg.listen, cfg.metricsListen)
+	if err != nil {
+		return err
+	}
 	var metricsSrv *http.Server
-	if cfg.metricsListen != "" {
-		if metricsLn, err = net.Listen("tcp", cfg.metricsListen); err != nil {
-			return fmt.Errorf("--metrics-listen: %w", err)
-		}
+	if metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
@@ -305,17 +299,6 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 			metricsLn = tls.NewListener(metricsLn, cfg.metricsTLS)
 		}
 	}
-	ln, err := net.Listen("tcp", cfg.listen)
-	if err != nil {
-		if metricsLn != nil {
-			_ = metricsLn.Close()
-		}
-		return fmt.Errorf("--listen: %w", err)
-	}
-	if metricsLn != nil {
-		fmt.Fprintf(env.stdout, "quotient rls: metrics on %s\n", metricsLn.Addr())
-	}
-	fmt.Fprintf(env.stdout, "quotient rls: listening on %s\n", ln.Addr())
 	c := watcher.Current()
 	log.Info("rls started", "listen", ln.Addr().String(), "tls", cfg.grpcTLS != nil, "client_certs", cfg.listenSec.clientCA != "", "config", dir, "files", len(c.Files()), "domains", len(c.Domains()), "rules", c.Rules())
 

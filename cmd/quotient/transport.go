@@ -332,22 +332,30 @@ func (l *listenSecurity) registerRequired(fs *flag.FlagSet, served string) {
 	l.requireClientCert = true
 }
 
-// reloader returns the listener's TLS (nil without --listen-tls-cert);
-// reload failures after start are logged. Errors name the flag.
-func (l *listenSecurity) reloader(log *slog.Logger, nextProtos ...string) (*tlsconfig.Reloader, error) {
+// check returns an error naming the flags when they do not go together
+// (it reads no file: reloader does).
+func (l *listenSecurity) check() error {
 	switch {
 	case l.cert == "" && l.key == "":
 		switch {
 		case l.adminClientCert:
-			return nil, errors.New("--listen-tls-client-ca and --admin-client-cert need --listen-tls-cert and --listen-tls-key")
+			return errors.New("--listen-tls-client-ca and --admin-client-cert need --listen-tls-cert and --listen-tls-key")
 		case l.clientCA != "":
-			return nil, errors.New("--listen-tls-client-ca needs --listen-tls-cert and --listen-tls-key: client certificates are verified in a TLS handshake")
+			return errors.New("--listen-tls-client-ca needs --listen-tls-cert and --listen-tls-key: client certificates are verified in a TLS handshake")
 		}
-		return nil, nil
 	case l.cert == "" || l.key == "":
-		return nil, errors.New("--listen-tls-cert and --listen-tls-key go together")
+		return errors.New("--listen-tls-cert and --listen-tls-key go together")
 	case l.adminClientCert && l.clientCA == "":
-		return nil, errors.New("--admin-client-cert needs --listen-tls-client-ca: the CAs the client certificates must chain to")
+		return errors.New("--admin-client-cert needs --listen-tls-client-ca: the CAs the client certificates must chain to")
+	}
+	return nil
+}
+
+// reloader returns the listener's TLS (nil without --listen-tls-cert);
+// reload failures after start are logged. Errors name the flag.
+func (l *listenSecurity) reloader(log *slog.Logger, nextProtos ...string) (*tlsconfig.Reloader, error) {
+	if err := l.check(); err != nil || l.cert == "" {
+		return nil, err
 	}
 	r, err := tlsconfig.NewReloader(tlsconfig.Server{CertFile: l.cert, KeyFile: l.key, ClientCAFile: l.clientCA, RequireClientCert: l.requireClientCert && l.clientCA != ""}, func(err error) {
 		log.Error("listener TLS: reload failed; serving the last good certificate", "err", err)

@@ -142,14 +142,9 @@ var _ rebalancer.Bus = (*Adapter)(nil)
 // NewAdapter returns an adapter over bus for epochs of length epoch (the
 // rebalancer's Config.Epoch). now stamps sent_unix_ms; nil is time.Now.
 func NewAdapter(bus *Bus, epoch time.Duration, now func() time.Time) (*Adapter, error) {
-	if bus == nil {
-		return nil, fmt.Errorf("%w: adapter: bus is nil", ErrConfig)
-	}
-	if epoch < time.Millisecond || epoch%time.Millisecond != 0 {
-		return nil, fmt.Errorf("%w: adapter: epoch %v is not a positive whole number of milliseconds", ErrConfig, epoch)
-	}
-	if now == nil {
-		now = time.Now
+	now, err := adapterArgs("adapter", bus == nil, epoch, now)
+	if err != nil {
+		return nil, err
 	}
 	return &Adapter{bus: bus, epoch: epoch, now: now, ch: make(chan *rebalancer.Report, 16)}, nil
 }
@@ -180,10 +175,7 @@ func (a *Adapter) Run(ctx context.Context) error {
 	return a.bus.Run(ctx, func(p *quotientv1.UsageReport) {
 		r, err := FromProto(p, a.epoch)
 		if err != nil {
-			a.rejected.Add(1)
-			if a.OnReject != nil {
-				a.OnReject(err)
-			}
+			reject(&a.rejected, a.OnReject, err)
 			return
 		}
 		select {
@@ -197,4 +189,30 @@ func (a *Adapter) Run(ctx context.Context) error {
 // Stats returns the adapter's counters.
 func (a *Adapter) Stats() AdapterStats {
 	return AdapterStats{Delivered: a.deliv.Load(), Rejected: a.rejected.Load()}
+}
+
+// adapterArgs checks a new adapter's arguments (its bus is not nil:
+// noBus false; its epoch length, which goes on the wire as epoch_ms, is a
+// positive whole number of milliseconds) and returns its clock: now, or
+// time.Now when nil. name starts the error, which wraps ErrConfig.
+func adapterArgs(name string, noBus bool, epoch time.Duration, now func() time.Time) (func() time.Time, error) {
+	if noBus {
+		return nil, fmt.Errorf("%w: %s: bus is nil", ErrConfig, name)
+	}
+	if epoch < time.Millisecond || epoch%time.Millisecond != 0 {
+		return nil, fmt.Errorf("%w: %s: epoch %v is not a positive whole number of milliseconds", ErrConfig, name, epoch)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return now, nil
+}
+
+// reject counts a message an adapter's Run dropped in n and passes its
+// error to onReject, when set.
+func reject(n *atomic.Int64, onReject func(error), err error) {
+	n.Add(1)
+	if onReject != nil {
+		onReject(err)
+	}
 }

@@ -183,7 +183,7 @@ type Stats struct {
 
 type counters struct {
 	publishedReports, publishedParts, consumedParts, deliveredReports atomic.Int64
-	duplicates, malformed, evicted, missingTopics, prepareErrors      atomic.Int64
+	duplicates, malformed, evicted, missingTopics                     atomic.Int64
 }
 
 // Bus publishes this region's usage reports and consumes every region's.
@@ -192,7 +192,7 @@ type counters struct {
 type Bus struct {
 	cfg      Config
 	cluster  *kafkautil.Cluster
-	producer *kafkautil.Producer
+	producer *busProducer
 	stats    counters
 }
 
@@ -205,15 +205,12 @@ func New(cluster *kafkautil.Cluster, cfg Config) (*Bus, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	wc := kafkautil.DefaultWriterConfig(cfg.Topic)
-	wc.BatchBytes = int64(cfg.MaxMessageBytes)
 	var create *kafkautil.TopicSpec
 	if !cfg.SkipCreateTopic {
-		spec := kafkautil.RetainedTopic(cfg.Topic, cfg.Partitions, cfg.ReplicationFactor, cfg.Retention)
-		spec.Config["max.message.bytes"] = fmt.Sprint(cfg.MaxMessageBytes + 4096)
+		spec := busTopicSpec(cfg.Topic, cfg.Partitions, cfg.ReplicationFactor, cfg.Retention, cfg.MaxMessageBytes)
 		create = &spec
 	}
-	p, err := cluster.NewProducer(wc, create)
+	p, err := newBusProducer(cluster, cfg.Topic, cfg.MaxMessageBytes, 0, create)
 	if err != nil {
 		return nil, fmt.Errorf("kafkabus: %w", err)
 	}
@@ -227,14 +224,14 @@ func (b *Bus) Stats() Stats {
 		PublishedReports: s.publishedReports.Load(), PublishedParts: s.publishedParts.Load(),
 		ConsumedParts: s.consumedParts.Load(), DeliveredReports: s.deliveredReports.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Evicted: s.evicted.Load(),
-		MissingTopics: s.missingTopics.Load(), PrepareErrors: s.prepareErrors.Load(),
+		MissingTopics: s.missingTopics.Load(), PrepareErrors: b.producer.prepareErrors.Load(),
 	}
 }
 
 // Close flushes and closes the writer. Publish fails with ErrClosed
 // afterwards; running Run calls are stopped by their own contexts.
 func (b *Bus) Close() error {
-	if err := b.producer.Close(); err != nil {
+	if err := b.producer.p.Close(); err != nil {
 		return fmt.Errorf("kafkabus: %w", err)
 	}
 	return nil
@@ -249,16 +246,7 @@ func (b *Bus) Close() error {
 // at start and every WarmInterval. It blocks until done or ctx ends; an
 // error (counted in Stats.PrepareErrors) changes nothing for later calls
 // or Publish. Safe for concurrent use.
-func (b *Bus) Prepare(ctx context.Context) error {
-	if err := b.producer.Prepare(ctx); err != nil {
-		b.stats.prepareErrors.Add(1)
-		if errors.Is(err, kafkautil.ErrClosed) {
-			return ErrClosed
-		}
-		return fmt.Errorf("kafkabus: prepare the producer of %q: %w", b.cfg.Topic, err)
-	}
-	return nil
-}
+func (b *Bus) Prepare(ctx context.Context) error { return b.producer.prepare(ctx) }
 
 // Publish sends r to Config.Topic, split into parts of at most
 // MaxMessageBytes, and blocks until every part is acknowledged by all
@@ -274,7 +262,7 @@ func (b *Bus) Publish(ctx context.Context, r *quotientv1.UsageReport) error {
 	if err != nil {
 		return err
 	}
-	if err := b.producer.Write(ctx, msgs...); err != nil {
+	if err := b.producer.p.Write(ctx, msgs...); err != nil {
 		if errors.Is(err, kafkautil.ErrClosed) {
 			return ErrClosed
 		}

@@ -3,7 +3,6 @@ package kafkabus
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/segmentio/kafka-go"
 	"google.golang.org/protobuf/proto"
@@ -41,18 +40,10 @@ func (b *Bus) Run(ctx context.Context, deliver func(*quotientv1.UsageReport)) er
 	if deliver == nil {
 		return fmt.Errorf("%w: deliver is nil", ErrConfig)
 	}
-	wctx, stopWarm := context.WithCancel(ctx)
-	warmed := make(chan struct{})
-	go func() {
-		defer close(warmed)
-		b.keepWarm(wctx)
-	}()
-	defer func() {
-		stopWarm()
-		<-warmed
-	}()
+	defer b.producer.keepWarm(ctx, b.cfg.WarmInterval)()
 	asm := newAssembler(b.cfg.MaxPendingReports, maxDelivered)
-	err := kafkautil.ConsumeTopics(ctx, b.cluster, b.consumeConfig(), func(_ context.Context, _ string, _ int, m kafka.Message) error {
+	cc := consumeConfig(b.cluster, b.cfg.ConsumeTopics, b.cfg.TopicPollInterval, b.cfg.FetchWait, b.cfg.Lookback, b.cfg.MaxMessageBytes, b.cfg.Now, &b.stats.missingTopics)
+	err := kafkautil.ConsumeTopics(ctx, b.cluster, cc, func(_ context.Context, _ string, _ int, m kafka.Message) error {
 		b.stats.consumedParts.Add(1)
 		p := &quotientv1.UsageReport{}
 		if err := proto.Unmarshal(m.Value, p); err != nil {
@@ -76,38 +67,4 @@ func (b *Bus) Run(ctx context.Context, deliver func(*quotientv1.UsageReport)) er
 		return fmt.Errorf("kafkabus: %w", err)
 	}
 	return err
-}
-
-// keepWarm calls Prepare now and every WarmInterval until ctx ends.
-func (b *Bus) keepWarm(ctx context.Context) {
-	t := time.NewTicker(b.cfg.WarmInterval)
-	defer t.Stop()
-	for {
-		_ = b.Prepare(ctx) // counted; Publish reports its own failures
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// consumeConfig says what Run reads: every partition of every consumed
-// topic from the lookback time, read ahead by up to 64 parts, each fetch
-// held open up to FetchWait.
-func (b *Bus) consumeConfig() kafkautil.ConsumeConfig {
-	return kafkautil.ConsumeConfig{
-		Topics:       b.cfg.ConsumeTopics,
-		PollInterval: b.cfg.TopicPollInterval,
-		Buffer:       64,
-		Reader:       kafkautil.ReaderConfig{MaxBytes: 4 * b.cfg.MaxMessageBytes, MaxWait: b.cfg.FetchWait},
-		StartOffsets: b.cluster.StartAt(func() time.Time { return b.cfg.Now().Add(-b.cfg.Lookback) }),
-		Missing: func(_ string, missing bool) {
-			if missing {
-				b.stats.missingTopics.Add(1)
-			} else {
-				b.stats.missingTopics.Add(-1)
-			}
-		},
-	}
 }

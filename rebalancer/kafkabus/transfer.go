@@ -151,7 +151,7 @@ type TransferStats struct {
 }
 
 type transferCounters struct {
-	asks, gives, msgs, consumed, deliveredAsks, deliveredGives, malformed, missing, prepareErrors atomic.Int64
+	asks, gives, msgs, consumed, deliveredAsks, deliveredGives, malformed, missing atomic.Int64
 }
 
 // TransferBus publishes this region's asks and gives and consumes every
@@ -166,7 +166,7 @@ type transferCounters struct {
 type TransferBus struct {
 	cfg      TransferConfig
 	cluster  *kafkautil.Cluster
-	producer *kafkautil.Producer
+	producer *busProducer
 	stats    transferCounters
 }
 
@@ -179,15 +179,12 @@ func NewTransferBus(cluster *kafkautil.Cluster, cfg TransferConfig) (*TransferBu
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	wc := kafkautil.DefaultWriterConfig(cfg.Topic)
-	wc.BatchBytes = int64(cfg.MaxMessageBytes)
-	wc.BatchTimeout = cfg.BatchTimeout
 	var create *kafkautil.TopicSpec
 	if !cfg.SkipCreateTopic {
 		spec := TransferTopicSpec(cfg)
 		create = &spec
 	}
-	p, err := cluster.NewProducer(wc, create)
+	p, err := newBusProducer(cluster, cfg.Topic, cfg.MaxMessageBytes, cfg.BatchTimeout, create)
 	if err != nil {
 		return nil, fmt.Errorf("kafkabus: transfer bus: %w", err)
 	}
@@ -198,9 +195,7 @@ func NewTransferBus(cluster *kafkautil.Cluster, cfg TransferConfig) (*TransferBu
 // cleanup.policy=delete, retention cfg.Retention, max.message.bytes above
 // MaxMessageBytes.
 func TransferTopicSpec(cfg TransferConfig) kafkautil.TopicSpec {
-	spec := kafkautil.RetainedTopic(cfg.Topic, cfg.Partitions, cfg.ReplicationFactor, cfg.Retention)
-	spec.Config["max.message.bytes"] = fmt.Sprint(cfg.MaxMessageBytes + 4096)
-	return spec
+	return busTopicSpec(cfg.Topic, cfg.Partitions, cfg.ReplicationFactor, cfg.Retention, cfg.MaxMessageBytes)
 }
 
 // Topic returns the topic the bus publishes to.
@@ -212,14 +207,14 @@ func (b *TransferBus) Stats() TransferStats {
 	return TransferStats{
 		PublishedAsks: s.asks.Load(), PublishedGives: s.gives.Load(), PublishedMessages: s.msgs.Load(),
 		ConsumedMessages: s.consumed.Load(), DeliveredAsks: s.deliveredAsks.Load(), DeliveredGives: s.deliveredGives.Load(),
-		Malformed: s.malformed.Load(), MissingTopics: s.missing.Load(), PrepareErrors: s.prepareErrors.Load(),
+		Malformed: s.malformed.Load(), MissingTopics: s.missing.Load(), PrepareErrors: b.producer.prepareErrors.Load(),
 	}
 }
 
 // Close flushes and closes the producer; publications fail with ErrClosed
 // afterwards.
 func (b *TransferBus) Close() error {
-	if err := b.producer.Close(); err != nil {
+	if err := b.producer.p.Close(); err != nil {
 		return fmt.Errorf("kafkabus: transfer bus: %w", err)
 	}
 	return nil
@@ -228,16 +223,7 @@ func (b *TransferBus) Close() error {
 // Prepare readies the producer (topic created unless SkipCreateTopic,
 // metadata, connections), as Bus.Prepare; Run calls it at start and every
 // WarmInterval.
-func (b *TransferBus) Prepare(ctx context.Context) error {
-	if err := b.producer.Prepare(ctx); err != nil {
-		b.stats.prepareErrors.Add(1)
-		if errors.Is(err, kafkautil.ErrClosed) {
-			return ErrClosed
-		}
-		return fmt.Errorf("kafkabus: prepare the producer of %q: %w", b.cfg.Topic, err)
-	}
-	return nil
-}
+func (b *TransferBus) Prepare(ctx context.Context) error { return b.producer.prepare(ctx) }
 
 // PublishAsk sends a (validated: see CheckAsk) to Topic and blocks until it
 // is acknowledged by all in-sync replicas or fails. An ask larger than
@@ -309,7 +295,7 @@ func (b *TransferBus) PublishGive(ctx context.Context, g *quotientv1.TransferGiv
 }
 
 func (b *TransferBus) write(ctx context.Context, msgs []kafka.Message) error {
-	if err := b.producer.Write(ctx, msgs...); err != nil {
+	if err := b.producer.p.Write(ctx, msgs...); err != nil {
 		if errors.Is(err, kafkautil.ErrClosed) {
 			return ErrClosed
 		}
@@ -397,39 +383,8 @@ func (b *TransferBus) Run(ctx context.Context, deliver func(*quotientv1.Transfer
 	if deliver == nil {
 		return fmt.Errorf("%w: transfer bus: deliver is nil", ErrConfig)
 	}
-	wctx, stopWarm := context.WithCancel(ctx)
-	warmed := make(chan struct{})
-	go func() {
-		defer close(warmed)
-		t := time.NewTicker(b.cfg.WarmInterval)
-		defer t.Stop()
-		for {
-			_ = b.Prepare(wctx) // counted; publications report their own failures
-			select {
-			case <-wctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	defer func() {
-		stopWarm()
-		<-warmed
-	}()
-	cc := kafkautil.ConsumeConfig{
-		Topics:       b.cfg.ConsumeTopics,
-		PollInterval: b.cfg.TopicPollInterval,
-		Buffer:       64,
-		Reader:       kafkautil.ReaderConfig{MaxBytes: 4 * b.cfg.MaxMessageBytes, MaxWait: b.cfg.FetchWait},
-		StartOffsets: b.cluster.StartAt(func() time.Time { return b.cfg.Now().Add(-b.cfg.Lookback) }),
-		Missing: func(_ string, missing bool) {
-			if missing {
-				b.stats.missing.Add(1)
-			} else {
-				b.stats.missing.Add(-1)
-			}
-		},
-	}
+	defer b.producer.keepWarm(ctx, b.cfg.WarmInterval)()
+	cc := consumeConfig(b.cluster, b.cfg.ConsumeTopics, b.cfg.TopicPollInterval, b.cfg.FetchWait, b.cfg.Lookback, b.cfg.MaxMessageBytes, b.cfg.Now, &b.stats.missing)
 	err := kafkautil.ConsumeTopics(ctx, b.cluster, cc, func(_ context.Context, topic string, partition int, m kafka.Message) error {
 		b.stats.consumed.Add(1)
 		msg, err := decodeTransfer(m.Value)

@@ -92,14 +92,9 @@ var _ rebalancer.TransferBus = (*TransferAdapter)(nil)
 // NewTransferAdapter returns an adapter over bus for epochs of length
 // epoch; now stamps sent_unix_ms (nil: time.Now).
 func NewTransferAdapter(bus *TransferBus, epoch time.Duration, now func() time.Time) (*TransferAdapter, error) {
-	if bus == nil {
-		return nil, fmt.Errorf("%w: transfer adapter: bus is nil", ErrConfig)
-	}
-	if epoch < time.Millisecond || epoch%time.Millisecond != 0 {
-		return nil, fmt.Errorf("%w: transfer adapter: epoch %v is not a positive whole number of milliseconds", ErrConfig, epoch)
-	}
-	if now == nil {
-		now = time.Now
+	now, err := adapterArgs("transfer adapter", bus == nil, epoch, now)
+	if err != nil {
+		return nil, err
 	}
 	return &TransferAdapter{bus: bus, epoch: epoch, now: now, ch: make(chan transferMsg, 64)}, nil
 }
@@ -136,10 +131,7 @@ func (a *TransferAdapter) Run(ctx context.Context) error {
 	return a.bus.Run(ctx, func(m *quotientv1.TransferMessage) {
 		ask, give, err := TransferFromProto(m, a.epoch)
 		if err != nil {
-			a.rejected.Add(1)
-			if a.OnReject != nil {
-				a.OnReject(err)
-			}
+			reject(&a.rejected, a.OnReject, err)
 			return
 		}
 		select {
