@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -39,12 +38,8 @@ func runCoordinator(ctx context.Context, env environment, args []string) int {
 		fmt.Fprintln(env.stderr, "\nflags:")
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(env.stderr, "quotient coordinator:", err)
-		return 2
+	if code, stop := flagsExit(env, "coordinator", parseFlags(fs, args, env.lookupEnv)); stop {
+		return code
 	}
 	rc, err := coordinatorRegionConfig(cfg, env)
 	if err != nil {

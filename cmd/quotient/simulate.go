@@ -48,12 +48,8 @@ func runSimulate(ctx context.Context, env environment, args []string) int {
 		fmt.Fprintln(env.stderr, "\nflags:")
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(env.stderr, "quotient simulate:", err)
-		return 2
+	if code, stop := flagsExit(env, "simulate", parseFlags(fs, args, env.lookupEnv)); stop {
+		return code
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
