@@ -222,6 +222,15 @@ func TestGatewayEndToEnd(t *testing.T) {
 	stop()
 }
 
+// replaceFile replaces path's content atomically: a temporary file beside
+// it, renamed over it.
+func replaceFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	require.NoError(t, os.WriteFile(tmp, []byte(content), 0o600))
+	require.NoError(t, os.Rename(tmp, path))
+}
+
 func TestGatewayReloadsPoliciesAndKeepsTheLastGood(t *testing.T) {
 	srv := redistest.StartServer(t)
 	up := upstream(t)
@@ -235,7 +244,9 @@ func TestGatewayReloadsPoliciesAndKeepsTheLastGood(t *testing.T) {
 	resp, _ = get(t, c, base+"/a", nil)
 	require.Equal(t, 429, resp.StatusCode)
 
-	require.NoError(t, os.WriteFile(pfile, []byte(`[{"id":"roomy","subject":"ip","algorithm":"token_bucket","rate_per_sec":100,"burst":100}]`), 0o600))
+	// Replaced atomically, as the README asks: a file written in place can be
+	// read half-written (one more failed reload in the metric).
+	replaceFile(t, pfile, `[{"id":"roomy","subject":"ip","algorithm":"token_bucket","rate_per_sec":100,"burst":100}]`)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		resp, _ = get(t, c, base+"/a", nil)
@@ -247,7 +258,7 @@ func TestGatewayReloadsPoliciesAndKeepsTheLastGood(t *testing.T) {
 	}
 	assert.Contains(t, resp.Header.Get("RateLimit-Policy"), `"roomy"`)
 
-	require.NoError(t, os.WriteFile(pfile, []byte(`[{"id":"broken","algorithm":"token_bucket","rate_per_sec":-1}]`), 0o600))
+	replaceFile(t, pfile, `[{"id":"broken","algorithm":"token_bucket","rate_per_sec":-1}]`)
 	for !regexp.MustCompile(`policy reload failed`).MatchString(stderr.String()) {
 		require.True(t, time.Now().Before(deadline.Add(10*time.Second)), "the bad file was never read")
 		time.Sleep(10 * time.Millisecond)

@@ -44,8 +44,12 @@ func startRLS(t *testing.T, lookupEnv func(string) (string, bool), args ...strin
 func rlsFile(t *testing.T, path, content string, mod time.Time) {
 	t.Helper()
 	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
-	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
-	require.NoError(t, os.Chtimes(path, mod, mod))
+	// Written beside the watched tree and renamed into it, so that the
+	// watcher never reads it half-written.
+	tmp := filepath.Join(t.TempDir(), filepath.Base(path))
+	require.NoError(t, os.WriteFile(tmp, []byte(content), 0o600))
+	require.NoError(t, os.Chtimes(tmp, mod, mod))
+	require.NoError(t, os.Rename(tmp, path))
 }
 
 func rlsCall(t *testing.T, c rlsv3.RateLimitServiceClient, domain string, kv ...string) *rlsv3.RateLimitResponse {

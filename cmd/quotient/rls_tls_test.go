@@ -30,7 +30,7 @@ func copyFile(t *testing.T, src, dst string) {
 	t.Helper()
 	data, err := os.ReadFile(src)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(dst, data, 0o600))
+	replaceFile(t, dst, string(data)) // a handshake never reads it half-written
 }
 
 // servedCopy copies pair to files of a new temporary directory, for a

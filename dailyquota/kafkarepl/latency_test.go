@@ -17,9 +17,12 @@ import (
 // TestCountDeliveryRoundTrips: through a broker one round trip (RTT = 2 x
 // the injected one-way delay, 400 ms) away, a count published by one
 // region reaches another region's Run about one RTT after Publish is
-// called, whatever the phase of the consumer's fetches: at most 2.5 RTT
-// each (a fetch may be on its way back empty, plus half an RTT for the
-// machine), at most 1.5 RTT for the median. With kafkautil's former 500 ms
+// called, whatever the phase of the consumer's fetches: at most 3 RTT
+// each (2 when a fetch is on its way back empty as the record arrives,
+// plus up to one RTT, 400 ms, for the machine: the race suite runs beside
+// it, and one count took 2.54 RTT on a loaded machine), at most 1.5 RTT
+// for the median. The failure these bounds catch is an order of magnitude
+// larger (below). With kafkautil's former 500 ms
 // fetch wait, kafka-go's reader gave up on every fetch that found nothing
 // before the broker answered it (it holds it 375 ms, the answer then takes
 // 200 ms more), dropped the connection and fetched again: no count, not
@@ -91,7 +94,7 @@ func TestCountDeliveryRoundTrips(t *testing.T) {
 		t.Logf("count %d: delivered %.2f RTT after Publish was called", i, inRTT(d))
 	}
 	for i, d := range deliveries {
-		require.Less(t, inRTT(d), 2.5, "count %d: delivery should cost one round trip, two when the consumer's fetch was on its way back", i)
+		require.Less(t, inRTT(d), 3.0, "count %d: delivery should cost one round trip, two when the consumer's fetch was on its way back", i)
 	}
 	slices.Sort(deliveries)
 	require.Less(t, inRTT(deliveries[n/2]), 1.5, "median delivery should cost one round trip")
