@@ -111,6 +111,11 @@ type stored struct {
 	keys   []KeyReport
 	index  map[Key]int32 // nil when keys are sorted (the senders' form)
 	sorted bool
+	// started is the report's Started (0: an older sender); heardMax the
+	// highest epoch its Heard says the sender received from another
+	// region (noEpoch: none). A report with heardMax <= m-K shows its
+	// sender isolated at the decision of m (heard.go, isolated).
+	started, heardMax int64
 }
 
 // Stats are cumulative counters of a Core, for metrics.
@@ -129,6 +134,7 @@ type Stats struct {
 	GrowDecisions  int64 // decisions in mode Grow
 	FallbackEpochs int64 // decisions in mode Fallback
 	Capped         int64 // key-decisions capped at the default outside fallback (Decision.Capped)
+	Rises          int64 // decisions in fallback that raised every share to the default (Decision.Rose)
 	Updates        int64 // updates returned (by Decide, Collect and late decisions)
 	Kept           int64 // key-epochs whose share shrank at collection (shares.Config.Keep)
 	UnknownUsage   int64 // epochs collected with unknown usage (CollectUnknown): demand and claims held
@@ -179,6 +185,10 @@ type Decision struct {
 	// counted silent, at the default, and the view is incomplete or its
 	// claims exceed the limit (see the package doc, "Fit").
 	Capped int
+	// Rose: this region is in fallback and has heard no other region
+	// for long enough that every region counts it at the default, so its
+	// shares rose to the default (package doc, "Rise").
+	Rose bool
 	// Again: the epoch was decided before without growth because its view
 	// was incomplete at the deadline (Config.MaxWait); the missing reports
 	// arrived while the epoch after it still runs, so it is decided again,
@@ -555,7 +565,13 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 	}
 	c.learn(qi, r)
 	c.stored++
-	q.reports[r.Epoch] = &stored{id: c.stored, seq: r.Seq, keys: r.Keys, index: index, sorted: sorted}
+	heardMax := int64(noEpoch)
+	for _, h := range r.Heard {
+		if h.Region != r.Region {
+			heardMax = max(heardMax, h.Epoch)
+		}
+	}
+	q.reports[r.Epoch] = &stored{id: c.stored, seq: r.Seq, keys: r.Keys, index: index, sorted: sorted, started: r.Started, heardMax: heardMax}
 	if !q.heard || r.Epoch > q.last {
 		q.heard, q.last, q.heardSelf = true, r.Epoch, -1
 		for _, h := range r.Heard {
@@ -653,19 +669,26 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 	warm := c.warm(m)
 	c.fallback = warm || c.cutOff(m)
 	unheardIdx := c.unheard(m, silentIdx)
+	isolatedIdx := c.isolated(m, silentIdx, unheardIdx)
 	timely := EpochOf(now, c.cfg.Epoch) == m+1
 	d := Decision{Epoch: m, Complete: complete, Mode: shares.Hold}
 	switch {
 	case c.fallback:
 		d.Mode = shares.Fallback
 		c.stats.FallbackEpochs++
-	case complete && timely && c.ownReport && !late:
+		if d.Rose = c.rises(m); d.Rose {
+			c.stats.Rises++
+		}
+	case complete && timely && c.ownReport && !late && len(isolatedIdx) == 0:
 		d.Mode = shares.Grow
 		c.stats.GrowDecisions++
 	}
 	// Held only because a report is missing: if it arrives within the
 	// next epoch, the epoch is decided again with growth (dueAgain).
 	c.again = d.Mode == shares.Hold && !complete && timely && c.ownReport && !late
+	// An isolated region may rise to the default (package doc, "Rise"):
+	// it is counted at max(its claim, the default), like an unheard one.
+	unheardIdx = append(unheardIdx, isolatedIdx...)
 	for _, i := range silentIdx {
 		d.Silent = append(d.Silent, c.regions[i])
 	}
@@ -730,6 +753,9 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		// What was given and accepted since the report of m (see
 		// "Transfers between decisions" in the package doc).
 		next = c.afterTransfers(key, lim, next, in[c.self].Claim, d.Mode == shares.Fallback, now)
+		if d.Rose {
+			next = lim.Default()
+		}
 		if !c.again {
 			st.want = shares.Share{} // (kept for a second decision)
 		}

@@ -91,9 +91,16 @@
 //   - Otherwise, and during warm-up, this region is in fallback: its share
 //     becomes at most the default (shares.Fallback), and its next report
 //     asks for nothing (want 0).
+//   - Rise: in fallback, out of warm-up, with the majority rule on, a
+//     region that has received no report of another region of an epoch
+//     after h = max(the highest epoch of such a report it received, its
+//     Core's first epoch), at a decision of m >= h+2K, sets every share to
+//     exactly the default (Decision.Rose), however low it was: every other
+//     region counts it at the default by then (see "Rise" below).
 //   - Not in fallback, it grows only if the view of epoch m is complete (a
-//     report of m from every region that is not silent), its own report of
-//     epoch m was published, and now is still in epoch m+1 (timely); else
+//     report of m from every region that is not silent) and shows no region
+//     isolated (below), its own report of epoch m was published, and now
+//     is still in epoch m+1 (timely); else
 //     it only shrinks (shares.Hold). A decision that held for an
 //     incomplete view (timely, own report published) may be followed by a
 //     second decision of m, which grows under the same conditions
@@ -113,12 +120,23 @@
 //     so it adds nothing to the proof below; it costs the majority its
 //     gain on keys the cut-off region held below the default (the
 //     partition scenario: back to 23.9%, 15.6% without it).
+//   - Isolated: a region q, not silent, whose report in the view (of m,
+//     or its latest) comes from a Core of this version (Started > 0) and
+//     says q received nothing from another region of an epoch after m-K,
+//     may be about to rise. It is counted, like an unheard one, at max(its
+//     claim, the default) for the fit, and no decision grows while one is
+//     in the view (Mode Hold, no second decision). In a symmetric cut this
+//     starts one epoch before q is unheard (q's last report heard up to
+//     the epoch before its own); in a one-way cut (q hears nobody, the
+//     others hear q) it is the only rule that counts q higher.
 //
 // So during a partition the side that is a majority and hears itself does
 // not fall back: it holds while the other side's reports are missing (its
-// shares are kept, no growth; after K epochs fitted as above), counts the other side at the default once
-// silent (2K-1 epochs), fits under that, and grows into what is left. The
-// other side is in no majority and falls back. A non-transitive cut (a
+// shares are kept, no growth; after K-1 epochs fitted as above), counts
+// the other side at the default once silent (2K-1 epochs), fits under
+// that, and grows into what is left. The other side is in no majority and
+// falls back, and 2K epochs after the last report it received it rises to
+// the default it is counted at. A non-transitive cut (a
 // hears b and c, which do not hear each other) keeps b and c holding: each
 // is in a majority with a, but neither is silent for the other, because
 // a's heard vector says a still hears it. Asymmetric loss (q hears nobody,
@@ -218,6 +236,59 @@
 //     growth), and b's claims bound b (b only grows from slack its
 //     published claims and wants account for, or rises after a restart,
 //     which cannot happen before it is silent for everyone).
+//
+// # Rise: a cut-off region grows to the default it is counted at
+//
+// Region q rises at its decision of e >= h+2K (h as in "Rise" above: q's
+// current Core received no report of another region of an epoch after h,
+// and started at h or before). Claim: while that rise is in force, the
+// enforced sum stays within L (and B: every step below is per dimension).
+//
+//  1. Every decision of an epoch m >= h+K by another region u counts q at
+//     the default or more. If u counts q silent, at the default. Else u
+//     uses q's report of m, or its latest: if it has none of epochs
+//     m-K+1..m, q is unheard, counted at max(claim, default). Else that
+//     report is of an epoch r > m-K >= h >= q's first epoch, so it was
+//     sent by q's current Core, whose heard vector never exceeds h while it
+//     rises (a report is computed at collection, before the decision of
+//     its epoch; once q hears a report after h it rises no more, and the
+//     reports after that claim its share, the default, as an upper bound).
+//     So the report shows q isolated: counted at max(claim, default).
+//     Such a decision fits: a key whose claims, q at the default or more,
+//     exceed the limit is decided as in fallback (at most the default);
+//     otherwise it holds (no growth while q is isolated or missing), so
+//     every share it leaves in force fits with q at the default.
+//  2. u's decision of h+K, if u makes it, is made before anyone publishes
+//     epoch h+K+2 (the clock assumption below), so before q decides e >=
+//     h+2K >= h+K+2 (K >= 2).
+//  3. A share u enforces that was decided at an epoch before h+K (u made
+//     no later decision: crashed, or its writes failed, in which case its
+//     reports wait and it is unheard) is either at or below the default, or
+//     a record above it that expires at the start of epoch h+2K at the
+//     latest (records above the default live K+1 epochs and are refreshed
+//     only by decisions). q's rise is in force from its decision of e,
+//     made after q's epoch e+1 >= h+2K+1 began: one epoch of margin for
+//     the clocks of u's Redis and q.
+//  4. So at any instant of the rise, every other region enforces a share
+//     decided at h+K or later (bounded as in "Why the enforced sum stays
+//     within L" with q at the default, which is at least what q
+//     enforces), or at most the default. The views of h+K or later count
+//     the second kind at their claims, at max(claim, default) when
+//     unheard, or at the default when silent: at least what they enforce.
+//     If no region enforces a share of the first kind, the sum is at most
+//     n x default <= L.
+//
+// q in fallback gives and accepts nothing, and was in fallback at its
+// decision before the rise (out of fallback, a region heard some region
+// within K epochs), so no transfer is pending from its period. After the
+// cut heals, q's reports claim the default, an upper bound as always, and
+// it leaves fallback by the usual rule. The rise needs every region to run
+// a version with the isolated and unheard rules: an older region would
+// count q at its last (low) claim. Checked by the property tests
+// (TestMajorityRuleKeepsSumWithinLimit and TestTransfersSafetyUnderChaos
+// require rises and check the sum): rising at h+2K-2, or not counting an
+// isolated region at the default, pushes the sum above L; h+2K-1 does not
+// (the last epoch of margin is for clock skew, which they do not model).
 //
 // The heard matrix (relayed rows) is not needed by this argument (the rows
 // it uses are a's own, direct, reports of w); it makes silence stricter:

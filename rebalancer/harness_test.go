@@ -441,6 +441,10 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		has             bool
 		any             bool
 		last, heardSelf int64
+		// isolated, by epoch: the report's sender was new (Started > 0)
+		// and the highest epoch its Heard names of another region.
+		started  map[int64]int64
+		heardMax map[int64]int64
 	}
 	dir := map[string]*direct{}
 	for _, r := range h.received {
@@ -457,6 +461,18 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		}
 		if r.Epoch == m {
 			d.has = true
+		}
+		if d.started == nil {
+			d.started, d.heardMax = map[int64]int64{}, map[int64]int64{}
+		}
+		if _, ok := d.started[r.Epoch]; !ok {
+			hm := int64(-1)
+			for _, hd := range r.Heard {
+				if hd.Region != r.Region {
+					hm = max(hm, hd.Epoch)
+				}
+			}
+			d.started[r.Epoch], d.heardMax[r.Epoch] = r.Started, hm
 		}
 		if !d.any || r.Epoch > d.last {
 			d.any, d.last, d.heardSelf = true, r.Epoch, -1
@@ -539,10 +555,27 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 			majority = ok
 		}
 	}
+	// A region (not silent, not unheard) whose report in the view (of m,
+	// else its latest) says it heard nobody else in epochs m-K..m may
+	// rise to the default: no growth while one is in the view.
+	isolated := false
+	for _, q := range names {
+		d := dirOf(q)
+		if q == h.name || silent(q) || !d.any || d.last <= m-k {
+			continue
+		}
+		e := d.last
+		if d.has {
+			e = m
+		}
+		if d.started[e] > 0 && d.heardMax[e] <= m-k {
+			isolated = true
+		}
+	}
 	switch {
 	case !oldOK && !majority:
 		return shares.Fallback
-	case complete:
+	case complete && !isolated:
 		return shares.Grow
 	}
 	return shares.Hold

@@ -306,3 +306,52 @@ func overCommittedUnheard(lim shares.Limit, in []shares.RegionInput, unheard []i
 	}
 	return rate > lim.RateMilli || burst > lim.BurstMilli
 }
+
+// isolated returns the regions (not this one, not silent, not in unheard)
+// whose report in the view of epoch m says they heard no other region in
+// epochs m-K+1..m: a region that hears nobody for long enough raises its
+// shares to the default in fallback (rises), so such a region is counted
+// at max(its claim, the default), as an unheard one, and no growth is
+// decided while one is in the view (package doc, "Rise"). Reports of
+// older senders (Started 0) never show it: those never rise.
+func (c *Core) isolated(m int64, silent, unheard []int) []int {
+	if c.fallback {
+		return nil
+	}
+	var out []int
+	for i := range c.regions {
+		if i == c.self || slices.Contains(silent, i) || slices.Contains(unheard, i) {
+			continue
+		}
+		if s := c.reportFor(i, m); s != nil && s.started > 0 && s.heardMax <= m-c.cfg.SilenceEpochs {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// heardLast returns the epoch after which this region's Core received
+// nothing from any other region: the highest epoch of a report it
+// received from another region, and at least its first collected epoch
+// (a Core does not know what its predecessor heard).
+func (c *Core) heardLast() int64 {
+	h := c.firstEpoch
+	for i := range c.remote {
+		if i != c.self && c.remote[i].heard {
+			h = max(h, c.remote[i].last)
+		}
+	}
+	return h
+}
+
+// rises reports whether this region, in fallback at the decision of m,
+// raises its shares to the default: it is out of warm-up, the majority
+// rule is on (every region then runs the rules that count it at the
+// default: isolated, unheard, silent), and it heard no other region for
+// 2K epochs, m >= heardLast()+2K. Every decision of epoch heardLast()+K or
+// later, by any region, then counts it at the default or more, and every
+// record decided before that and above the default has expired (package
+// doc, "Rise").
+func (c *Core) rises(m int64) bool {
+	return c.fallback && !c.warm(m) && c.majorityOn() && m >= c.heardLast()+2*c.cfg.SilenceEpochs
+}

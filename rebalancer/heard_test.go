@@ -63,12 +63,14 @@ func repeatMode(m shares.Mode, n int64) []shares.Mode {
 // TestMajorityKeepsServingThroughAPartition cuts ap off (both ways) for
 // twelve epochs while eu has the demand. ap falls back K epochs after the
 // cut. eu and us hear each other, two of three: a majority, so they never
-// fall back; they hold while ap's reports are missing (after K epochs
-// fitting under max(ap's last claim, its default)), count ap at the
-// default once no region they know of heard it for 2K-1 epochs (fitting
-// under it at once: eu's share exceeds what ap's default leaves), and eu
-// grows again above the default. Before the heard matrix eu and us fell
-// back too (TestPartitionThenHeal).
+// fall back; they hold while ap's reports are missing (from K-1 epochs,
+// when ap's last report shows it heard nobody since K epochs, fitting
+// under max(ap's last claim, its default)), count ap at the default once
+// no region they know of heard it for 2K-1 epochs, and eu grows again
+// above the default. ap, having heard nobody for 2K epochs, rises from
+// its low share to the default it is counted at (package doc, "Rise").
+// Before the heard matrix eu and us fell back too
+// (TestPartitionThenHeal).
 func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 	ap := 0 // sorted: ap, eu, us
 	from, to := e0+12, e0+24
@@ -87,11 +89,15 @@ func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 		c.step(e, demand)
 	}
 	require.GreaterOrEqual(t, c.share("eu", hot, from).RateMilli, lim.RateMilli*85/100)
+	require.Less(t, c.share("ap", hot, from).RateMilli, def.RateMilli/2)
 	const k, s = 3, 4 // K and the silence bound 2K-2
-	var held, fitEU, fitUS int64
+	var held, fitEU, fitUS, apLow int64
 	for e := from; e < to; e++ {
 		c.step(e, demand)
-		if e == from+k-2 {
+		if e == from+2*k-2 {
+			apLow = c.share("ap", hot, e+1).RateMilli // before the rise
+		}
+		if e == from+k-3 {
 			held = c.share("eu", hot, e+1).RateMilli
 		}
 		if e == from+s-1 {
@@ -99,7 +105,11 @@ func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 		}
 	}
 	assert.Equal(t, repeatMode(shares.Fallback, to-from-k), modes(c, "ap", from+k, to))
-	assert.LessOrEqual(t, c.share("ap", hot, to).RateMilli, def.RateMilli)
+	// ap's last report received is of from-1: it rises at the decision
+	// of from-1+2K, and not before.
+	assertRises(t, c, "ap", from-1+2*k, to)
+	assert.Less(t, apLow, def.RateMilli/2)
+	assert.Equal(t, def, c.share("ap", hot, to))
 	for _, name := range []string{"eu", "us"} {
 		assert.NotContains(t, modes(c, name, from, to), shares.Fallback, name)
 		for _, d := range c.regs[c.index(name)].decisions {
@@ -111,10 +121,12 @@ func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 			}
 		}
 	}
-	// Held while ap was missing for less than K epochs: eu kept its share.
+	// Held while ap was missing for less than K-1 epochs: eu kept its share.
 	assert.GreaterOrEqual(t, held, lim.RateMilli*85/100)
-	// Missing for K epochs, not yet silent: ap is counted at max(its last
-	// claim, the default), since its store may have restarted empty and
+	// Missing for K-1 epochs, its last report saying it heard nobody in
+	// the last K, not yet silent: ap is counted at max(its last claim,
+	// the default), since it may rise to the default once it has heard
+	// nobody for 2K epochs, and its store may have restarted empty and
 	// enforce the default (TestBinariesRedisKilled), so eu and us fit
 	// under what ap's default leaves.
 	assert.LessOrEqual(t, fitEU+fitUS, lim.RateMilli-def.RateMilli)
@@ -208,8 +220,11 @@ func TestFiveRegionsMinorityCut(t *testing.T) {
 // everyone), the others count it silent and keep serving, and ap, which
 // their heard vectors show unheard, is in no majority and falls back. When
 // ap hears nobody (everyone hears it), ap falls back and the others, a
-// majority, keep deciding from its reports. (Before the heard matrix both
-// cases made every region fall back.)
+// majority, keep deciding from its reports; since those show that ap heard
+// nobody for K epochs, they count it at the default and do not grow
+// (holding, fitted under its default), and ap, having heard nobody for 2K
+// epochs, rises to the default (package doc, "Rise"). (Before the heard
+// matrix both cases made every region fall back.)
 func TestAsymmetricLoss(t *testing.T) {
 	for _, out := range []bool{true, false} {
 		t.Run(fmt.Sprintf("ap-unheard=%v", out), func(t *testing.T) {
@@ -224,13 +239,39 @@ func TestAsymmetricLoss(t *testing.T) {
 			for e := e0; e < to; e++ {
 				c.step(e, d)
 			}
-			assert.Equal(t, repeatMode(shares.Fallback, to-from-3), modes(c, "ap", from+3, to))
+			const k = 3
+			def := c.policies["api"].Default()
+			assert.Equal(t, repeatMode(shares.Fallback, to-from-k), modes(c, "ap", from+k, to))
 			for _, name := range []string{"eu", "us"} {
 				assert.NotContains(t, modes(c, name, from, to), shares.Fallback, name)
-				assert.Contains(t, modes(c, name, to-3, to), shares.Grow, name)
 			}
-			assert.Greater(t, c.share("eu", hot, to).RateMilli, c.policies["api"].Default().RateMilli)
+			if out {
+				for _, name := range []string{"eu", "us"} {
+					assert.Contains(t, modes(c, name, to-3, to), shares.Grow, name)
+				}
+				assert.Greater(t, c.share("eu", hot, to).RateMilli, def.RateMilli)
+				assertRises(t, c, "ap", to, to) // it hears everyone: never
+				return
+			}
+			// ap's reports of from-1+k on say it heard nobody since from-1.
+			for _, name := range []string{"eu", "us"} {
+				assert.Equal(t, repeatMode(shares.Hold, to-from-k), modes(c, name, from+k, to), name)
+			}
+			assertRises(t, c, "ap", from-1+2*k, to)
+			assert.Equal(t, def, c.share("ap", hot, to))
+			assert.LessOrEqual(t, c.share("eu", hot, to).RateMilli+c.share("us", hot, to).RateMilli, c.policies["api"].RateMilli-def.RateMilli)
 		})
+	}
+}
+
+// assertRises checks that region name's decisions rose to the default
+// (Decision.Rose) exactly from epoch from on, until epoch to.
+func assertRises(t *testing.T, c *cluster, name string, from, to int64) {
+	t.Helper()
+	for _, d := range c.regs[c.index(name)].decisions {
+		if d.Epoch < to {
+			assert.Equal(t, d.Epoch >= from, d.Rose, "%s decision of epoch %d: rose", name, d.Epoch-e0)
+		}
 	}
 }
 

@@ -244,19 +244,21 @@ func TestTransfersSafetyUnderChaos(t *testing.T) {
 				total.Accepted += st.Accepted
 				total.Refused += st.Refused
 				total.RefusedKeys += st.RefusedKeys
+				total.Rises += st.Rises
 			}
 		})
 		if !ok {
 			return
 		}
 	}
-	t.Logf("asks %d, gives %d (published %d), accepted %d, refused %d, keys refused %d", total.Asks, total.Gives, gives, total.Accepted, total.Refused, total.RefusedKeys)
+	t.Logf("asks %d, gives %d (published %d), accepted %d, refused %d, keys refused %d, rises to the default %d", total.Asks, total.Gives, gives, total.Accepted, total.Refused, total.RefusedKeys, total.Rises)
 	// The scenarios must exercise the paths, not pass by standing still
 	// (Stats of Cores replaced by a restart are not counted).
 	require.Greater(t, total.Asks, int64(cases*10))
 	require.Greater(t, total.Gives, int64(cases))
 	require.Greater(t, total.Accepted, int64(cases/2))
 	require.Greater(t, total.Refused, int64(cases/2))
+	require.Positive(t, total.Rises) // cut-off regions risen to the default (package doc, "Rise")
 	if cases >= 1500 {
 		// Rare (cascades and mixed parts; unit tests cover them): only the
 		// full count is sure to meet one.
