@@ -512,10 +512,10 @@
 // report of this region on the bus, no Core of it was out of fallback at a
 // decision after c+K-1, and its records above the default expired by the
 // start of c+2K. If the bus holds no report of this region of epochs
-// f-L..f-1, with L = FirstStartEpochs = WarmupEpochs+1 (2K with the
-// defaults) and f the first epoch a new Core collects, then c <= f-L-1
-// and f >= c+W+2: one epoch later, relative to the last report, than a
-// restarted Core's first report after its warm-up (at least c+1+W, its
+// f-L..f-1, with L = FirstStartEpochs = max(WarmupEpochs+1, 2K) (2K with
+// the defaults) and f the first epoch a new Core collects, then c <= f-L-1,
+// so f >= c+2K+1 and f >= c+W+2: one epoch later, relative to the last
+// report, than a restarted Core's first report after its warm-up (at least c+1+W, its
 // first epoch being after c). What the warm-up argument above uses holds
 // the same way: the previous Core's records above the default expired by
 // the start of c+2K < f; every other

@@ -13,10 +13,15 @@ var ErrStartFresh = errors.New("rebalancer: cannot start fresh")
 // driver may call StartFresh before collecting epoch f only if the bus
 // holds no report of this region of epochs f-FirstStartEpochs..f-1, and
 // it has read every report of those epochs the bus holds. It is
-// WarmupEpochs+1 (10 with the defaults): one epoch more than the warm-up
-// of a restarted Core, whose predecessor's last report is of f-1 at the
-// latest (see the package doc, "First start").
-func FirstStartEpochs(cfg Config) int64 { return cfg.WarmupEpochs + 1 }
+// max(WarmupEpochs+1, 2*SilenceEpochs) (10 with the defaults): one epoch
+// more than the warm-up of a restarted Core, whose predecessor's last
+// report is of f-1 at the latest, and at least 2K, so that the records a
+// Core whose publications failed may still have written (it can grow for
+// K-1 epochs after its last report on the bus) expired (see the package
+// doc, "First start").
+func FirstStartEpochs(cfg Config) int64 {
+	return max(cfg.WarmupEpochs+1, 2*cfg.SilenceEpochs)
+}
 
 // StartFresh makes a new Core skip its warm-up: its first collected epoch
 // is reported, and its decisions write. The caller guarantees that no

@@ -93,6 +93,10 @@ type cluster struct {
 	// before its first one (see startCore): a fleet's first start, and a
 	// restart after a long enough outage.
 	fresh bool
+	// pubFail is the probability that a region's publication of its
+	// report fails: the report is neither on the bus (h.reports) nor
+	// delivered, and the Core decides as if it were published.
+	pubFail float64
 	// freshRestarts counts Cores that started fresh after an earlier Core
 	// of their region had reported (an outage longer than the span).
 	freshRestarts int
@@ -294,6 +298,11 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		}
 		c.apply(h, end, pub.Updates)
 		if pub.Report == nil {
+			continue
+		}
+		if c.pubFail > 0 && c.r.Float64() < c.pubFail {
+			// The publication failed: the report is not on the bus, and
+			// the Core decides all the same (as the driver's does).
 			continue
 		}
 		h.reports = append(h.reports, pub.Report)

@@ -74,6 +74,8 @@ type scenario struct {
 	// fresh: new Cores skip the warm-up when the bus shows no report of
 	// their region in the span (cluster.fresh).
 	fresh bool
+	// pubFail: probability that a publication fails (cluster.pubFail).
+	pubFail float64
 }
 
 func randScenario(r *rand.Rand) scenario {
@@ -155,6 +157,9 @@ func randScenario(r *rand.Rand) scenario {
 		s.incomplete = r.Float64() * 0.4
 	}
 	s.fresh = r.IntN(2) == 0
+	if r.IntN(4) == 0 {
+		s.pubFail = r.Float64() * 0.5
+	}
 	return s
 }
 
@@ -163,7 +168,7 @@ func randScenario(r *rand.Rand) scenario {
 func (s scenario) run(t testing.TB, r *rand.Rand) *cluster {
 	c := newCluster(t, r, s.names, s.cfg, s.pol, s.keys, s.bus)
 	base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s.cfg.Epoch)
-	c.fresh = s.fresh
+	c.fresh, c.pubFail = s.fresh, s.pubFail
 	c.fixRegionsAt(base)
 	c.skip = s.skip
 	c.late = s.late
