@@ -39,6 +39,8 @@ type Core struct {
 	fallback   bool  // the last decision was in fallback
 	again      bool  // epoch decided was held for an incomplete view: it may be decided again with growth (see Due)
 	adopted    bool  // Adopt took the store's records: no warm-up
+	fresh      bool  // StartFresh, not revoked since: no warm-up (fresh.go)
+	restart    int64 // epoch this Core warms up from (firstEpoch, or after a revoked StartFresh)
 
 	keys   map[Key]*keyState
 	order  []entry  // the keys, sorted, as of the last tidy (some maybe gone)
@@ -148,6 +150,7 @@ type Stats struct {
 	Gives         int64 // gives returned by ReceiveAsk
 	GivenKeys     int64 // keys in those gives
 	Accepted      int64 // gives accepted by ReceiveGive (some key raised)
+	FreshRevoked  int64 // StartFresh revoked by a report of this region from another Core (fresh.go)
 	Refused       int64 // gives to this region refused whole (fallback, warm-up, wrong T, duplicate)
 	RefusedKeys   int64 // keys of accepted gives refused (cascade, mixed side, unknown policy)
 	DroppedAmount int64 // gives' rate (milli/s) not raised by receivers: refused or dropped parts
@@ -362,6 +365,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 	}
 	if !c.started {
 		c.started, c.firstEpoch, c.decided = true, m, m-1
+		c.restart = max(c.restart, m)
 	}
 	c.again = false
 	for _, u := range usage {
@@ -508,6 +512,7 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 		return 0, fmt.Errorf("%w: region %s epoch %d: Seq %d < 1", ErrReport, r.Region, r.Epoch, r.Seq)
 	}
 	if qi == c.self {
+		c.receiveOwn(r)
 		return Own, nil
 	}
 	q := &c.remote[qi]
@@ -1015,13 +1020,13 @@ func (c *Core) keyLimit(k Key, now time.Time) (shares.Limit, bool) {
 // started; until then the first decision writes the key even if unchanged.
 // An adopted Core read every record: a key it has no state for has none.
 func (c *Core) newKey(m int64) *keyState {
-	synced := c.adopted || c.started && m >= c.firstEpoch+c.cfg.IdleTTLEpochs
+	synced := c.adopted || c.started && m >= c.restart+c.cfg.IdleTTLEpochs
 	return &keyState{synced: synced, born: c.passes, at: make([]at, len(c.regions))}
 }
 
 // warm reports whether epoch m is in this Core's warm-up.
 func (c *Core) warm(m int64) bool {
-	return !c.adopted && m < c.firstEpoch+c.cfg.WarmupEpochs
+	return !c.adopted && !c.fresh && m < c.restart+c.cfg.WarmupEpochs
 }
 
 func satAdd(a, b int64) int64 {

@@ -495,7 +495,63 @@
 //     the default (or its last claim) meanwhile. After that it claims the
 //     default for keys it does not know, which bounds any older record below
 //     the default, and writes each key once. A Core that adopted the
-//     region's records skips the warm-up (see Warm start).
+//     region's records skips the warm-up (see Warm start), and so does a
+//     Core that starts fresh (see First start).
+//
+// # First start (no report of this region in the span)
+//
+// A Core can write a record above the default only out of fallback (a
+// decision that grows, a gift accepted), and out of fallback means that
+// the others heard it within K epochs: under the rule before the heard
+// matrix every region's report says it heard this one in m-K+1..m, and
+// under the majority rule (n >= 2) some other region's row does. What
+// they heard came over the bus. (The driver does not make a decision wait
+// for its own report's publication: a Core whose publications fail keeps
+// deciding, so "no report on the bus" alone would not prove "no
+// decision"; the heard condition does.) So with c the last epoch of a
+// report of this region on the bus, no Core of it was out of fallback at a
+// decision after c+K-1, and its records above the default expired by the
+// start of c+2K. If the bus holds no report of this region of epochs
+// f-L..f-1, with L = FirstStartEpochs = max(WarmupEpochs+1, 2K) (2K with
+// the defaults) and f the first epoch a new Core collects, then c <= f-L-1,
+// so f >= c+2K+1 and f >= c+W+2: one epoch later, relative to the last
+// report, than a restarted Core's first report after its warm-up (at least c+1+W, its
+// first epoch being after c). What the warm-up argument above uses holds
+// the same way: the previous Core's records above the default expired by
+// the start of c+2K < f; every other
+// region counts this one silent, at the default, from its decision of
+// c+2K-1 on (before f); gifts to a previous Core were for its periods,
+// before f, and the new Core accepts only T = its period + 1 > f. And the new Core starts as a
+// warmed-up one: in fallback (New), so its first report wants nothing;
+// it claims the default for every key it does not know and writes each
+// key once (synced is false for IdleTTLEpochs, as for any new Core); it
+// leaves fallback and rises by the usual rules (the majority rule needs
+// it to have collected more than S epochs). Core.StartFresh says so
+// before the first Collect. The driver calls it only when
+// DriverConfig.History (kafkabus.Bus.Published in production) answers
+// that no record of this region's reports is timestamped at or after the
+// start of f-L minus one epoch (by the clock assumption a report of epoch
+// e is published after e ends on its sender's clock), having read every
+// partition to its end as of the call. A topic that does not exist holds
+// none (a first start); retention that may have removed a record of the
+// span, a failed read or a timeout mean "cannot tell": the Core warms up.
+//
+// A report of this region seen later that this Core did not publish (a
+// stale leader, another replica, or a report published after the history
+// was read) revokes the skip (Stats.FreshRevoked): the Core forgets every
+// share (it claims the default and writes each key again) and warms up as
+// if it had started at the epoch after both that report and its own last
+// one, so its next report comes W epochs after both, as a restart's. A
+// revocation before its first decision (a predecessor's last report
+// published just before this start arrives within an epoch) leaves
+// nothing written. After a decision, what was enforced meanwhile cannot be
+// undone: the history check is what makes the skip safe. A report this
+// Core cannot tell from its own (same Started, an epoch it published: two
+// replicas started fresh in the same epoch without a Fence) is not
+// detected; the Fence rules that out. The property tests start fleets
+// fresh and restart regions fresh after outages longer than the span,
+// checking the enforced sum after every write; skipping the warm-up
+// despite a report in the span makes them fail.
 //
 // # Warm start (a leader change within a region)
 //

@@ -152,6 +152,16 @@ type DriverConfig struct {
 	// so its first report is published. A read that fails falls back to the
 	// warm-up. Default: none (always warm up).
 	Records RecordSource
+	// History, when set, lets a driver whose region published no report
+	// recently skip the warm-up (Core.StartFresh; package doc, "First
+	// start"): before its first collection, of epoch f, Run asks it
+	// whether the bus holds a report of this region in a record
+	// timestamped at or after the start of epoch f-FirstStartEpochs minus
+	// one epoch (the clock assumption's margin), and starts fresh only
+	// when it answers no without error. Not used when the driver adopts
+	// records (a takeover). A report found, an error or a timeout
+	// (IOTimeout) leave the warm-up. Default: none (always warm up).
+	History ReportHistory
 	// TakeoverMargin is added to the wait before adopting records: the
 	// bound on the clock difference between replicas of one region plus
 	// scheduling delays. Default: RetryInterval.
@@ -333,6 +343,10 @@ func (d *Driver) Run(ctx context.Context) error {
 		}
 	}
 
+	if d.cfg.History != nil && !d.adopt && !d.core.Adopted() {
+		d.firstStart(ctx, next)
+	}
+
 	reports := make(chan *Report, 64)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -403,6 +417,29 @@ func (d *Driver) Run(ctx context.Context) error {
 			d.applyTransfer(ctx, m)
 		case <-c:
 		}
+	}
+}
+
+// firstStart makes the Core skip its warm-up when History shows no report
+// of this region recent enough to matter for a first collection of epoch
+// f (see DriverConfig.History). Every failure leaves the warm-up.
+func (d *Driver) firstStart(ctx context.Context, f int64) {
+	cc := d.core.Config()
+	since := EpochStart(f-FirstStartEpochs(cc), d.epoch).Add(-d.epoch)
+	hctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
+	found, err := d.cfg.History.Published(hctx, cc.Region, since)
+	cancel()
+	switch {
+	case err != nil:
+		d.log.Warn("rebalancer: cannot tell a first start from a restart; warming up", "epoch", f, "err", err)
+	case found:
+		d.log.Info("rebalancer: this region reported recently; warming up", "epoch", f, "since", since)
+	default:
+		if err := d.core.StartFresh(); err != nil {
+			d.log.Warn("rebalancer: start fresh refused; warming up", "err", err)
+			return
+		}
+		d.log.Info("rebalancer: no report of this region since the span a restart needs; skipping the warm-up", "epoch", f, "since", since)
 	}
 }
 

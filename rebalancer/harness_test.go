@@ -29,7 +29,8 @@ type hregion struct {
 	up        bool
 	received  []*Report // every report delivered to the Core, for the reference
 	decisions []Decision
-	reports   []*Report // reports it published
+	reports   []*Report // reports it published (by every Core of the region)
+	fresh     bool      // its Core skipped the warm-up (StartFresh)
 }
 
 type msg struct {
@@ -87,6 +88,18 @@ type cluster struct {
 	// transfer ticks per epoch, before, among and after the decisions
 	// (see transfer_property_test.go).
 	xfer *xferNet
+	// fresh makes every new Core skip the warm-up (StartFresh) when the
+	// bus holds no report of its region of the FirstStartEpochs epochs
+	// before its first one (see startCore): a fleet's first start, and a
+	// restart after a long enough outage.
+	fresh bool
+	// pubFail is the probability that a region's publication of its
+	// report fails: the report is neither on the bus (h.reports) nor
+	// delivered, and the Core decides as if it were published.
+	pubFail float64
+	// freshRestarts counts Cores that started fresh after an earlier Core
+	// of their region had reported (an outage longer than the span).
+	freshRestarts int
 }
 
 func newCluster(t testing.TB, r *rand.Rand, names []string, cfg Config, policies PolicyMap, keys []Key, n net) *cluster {
@@ -120,10 +133,38 @@ func (c *cluster) newCore(name string) *Core {
 	return core
 }
 
-func (c *cluster) fixRegions() {
+func (c *cluster) fixRegions() { c.fixRegionsAt(0) }
+
+// fixRegionsAt is fixRegions for a cluster whose first epoch is first
+// (which matters with c.fresh).
+func (c *cluster) fixRegionsAt(first int64) {
 	// newCore during construction saw a partial list; rebuild with all.
 	for _, h := range c.regs {
-		h.core = c.newCore(h.name)
+		c.startCore(h, first)
+	}
+}
+
+// startCore gives region h a new Core whose first collected epoch is
+// first. With c.fresh it skips the warm-up when none of the region's
+// published reports is of epochs first-FirstStartEpochs..first-1, as a
+// driver that read the whole span from the bus would decide.
+func (c *cluster) startCore(h *hregion, first int64) {
+	h.core = c.newCore(h.name)
+	h.received = nil
+	h.fresh = false
+	if !c.fresh {
+		return
+	}
+	span := FirstStartEpochs(h.core.Config())
+	for _, r := range h.reports {
+		if r.Epoch >= first-span && r.Epoch < first {
+			return
+		}
+	}
+	require.NoError(c.t, h.core.StartFresh())
+	h.fresh = true
+	if len(h.reports) > 0 {
+		c.freshRestarts++
 	}
 }
 
@@ -257,6 +298,11 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		}
 		c.apply(h, end, pub.Updates)
 		if pub.Report == nil {
+			continue
+		}
+		if c.pubFail > 0 && c.r.Float64() < c.pubFail {
+			// The publication failed: the report is not on the bus, and
+			// the Core decides all the same (as the driver's does).
 			continue
 		}
 		h.reports = append(h.reports, pub.Report)
@@ -401,7 +447,7 @@ func (c *cluster) decide(h *hregion, now time.Time) {
 func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 	cfg := h.core.Config()
 	k := cfg.SilenceEpochs
-	if m < h.core.firstEpoch+cfg.WarmupEpochs {
+	if !h.fresh && m < h.core.firstEpoch+cfg.WarmupEpochs {
 		return shares.Fallback
 	}
 	names := make([]string, len(c.regs))

@@ -192,7 +192,8 @@ func runHeardInto(t testing.TB, out **cluster, s scenario, cuts []linkCut, seed 
 	net := &heardNet{base: s.bus, cuts: cuts, base0: base}
 	c := newCluster(t, rand.New(rand.NewPCG(seed, 2)), s.names, s.cfg, s.pol, s.keys, net)
 	*out = c
-	c.fixRegions()
+	c.fresh, c.pubFail = s.fresh, s.pubFail
+	c.fixRegionsAt(base)
 	c.checkRef = ref
 	c.skip, c.late, c.unknown, c.incomplete = s.skip, s.late, s.unknown, s.incomplete
 	for e := int64(0); e < s.epochs; e++ {
@@ -203,8 +204,7 @@ func runHeardInto(t testing.TB, out **cluster, s scenario, cuts []linkCut, seed 
 			}
 			if e == cr.to {
 				h.up = true
-				h.core = c.newCore(h.name)
-				h.received = nil
+				c.startCore(h, base+e)
 			}
 		}
 		ep := base + e

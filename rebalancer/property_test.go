@@ -71,6 +71,11 @@ type scenario struct {
 	incomplete float64
 	demand     [][][]int64 // [epoch][region][key] cost units
 	xfer       *xferNet    // asks and gives between decisions, when set
+	// fresh: new Cores skip the warm-up when the bus shows no report of
+	// their region in the span (cluster.fresh).
+	fresh bool
+	// pubFail: probability that a publication fails (cluster.pubFail).
+	pubFail float64
 }
 
 func randScenario(r *rand.Rand) scenario {
@@ -151,6 +156,10 @@ func randScenario(r *rand.Rand) scenario {
 	if r.IntN(3) == 0 {
 		s.incomplete = r.Float64() * 0.4
 	}
+	s.fresh = r.IntN(2) == 0
+	if r.IntN(4) == 0 {
+		s.pubFail = r.Float64() * 0.5
+	}
 	return s
 }
 
@@ -158,17 +167,18 @@ func randScenario(r *rand.Rand) scenario {
 // store change and each decision's mode against the reference.
 func (s scenario) run(t testing.TB, r *rand.Rand) *cluster {
 	c := newCluster(t, r, s.names, s.cfg, s.pol, s.keys, s.bus)
-	c.fixRegions()
+	base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s.cfg.Epoch)
+	c.fresh, c.pubFail = s.fresh, s.pubFail
+	c.fixRegionsAt(base)
 	c.skip = s.skip
 	c.late = s.late
 	c.unknown = s.unknown
 	c.incomplete = s.incomplete
 	c.xfer = s.xfer
-	base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s.cfg.Epoch)
 	s.bus.base = base
 	for e := int64(0); e < s.epochs; e++ {
 		if c.xfer != nil {
-			c.restartCrashed(s, e)
+			c.restartCrashed(s, e, base+e)
 		}
 		for _, cr := range s.crashes {
 			h := c.regs[cr.region]
@@ -177,8 +187,7 @@ func (s scenario) run(t testing.TB, r *rand.Rand) *cluster {
 			}
 			if e == cr.to {
 				h.up = true
-				h.core = c.newCore(h.name)
-				h.received = nil
+				c.startCore(h, base+e)
 			}
 		}
 		ep := base + e
@@ -205,12 +214,21 @@ func TestSafetyUnderChaos(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	modes := map[shares.Mode]int{}
 	var silent, above, total, late, again, unknown, incomplete int
+	var freshGrow, freshRestarts int // growth a warm-up would have held back; fresh Cores after an outage
 	for i := 0; i < cases; i++ {
 		seed := r.Uint64()
 		s := randScenario(rand.New(rand.NewPCG(seed, 1)))
 		ok := t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
 			c := s.run(t, rand.New(rand.NewPCG(seed, 2)))
+			freshRestarts += c.freshRestarts
 			for _, h := range c.regs {
+				if h.fresh {
+					for _, d := range h.decisions {
+						if d.Epoch >= h.core.firstEpoch && d.Epoch < h.core.firstEpoch+s.cfg.WarmupEpochs && d.Mode == shares.Grow {
+							freshGrow++
+						}
+					}
+				}
 				late += int(h.core.Stats().LateDecisions)
 				again += int(h.core.Stats().AgainDecisions)
 				unknown += int(h.core.Stats().UnknownUsage)
@@ -234,7 +252,11 @@ func TestSafetyUnderChaos(t *testing.T) {
 		}
 	}
 	// The scenarios must exercise every path, not pass by standing still.
-	t.Logf("decisions %d: %v; late %d; again %d; usage unknown %d; usage incomplete %d; with silent regions %d; updates above default %d", total, modes, late, again, unknown, incomplete, silent, above)
+	t.Logf("decisions %d: %v; late %d; again %d; usage unknown %d; usage incomplete %d; with silent regions %d; updates above default %d; growing within a skipped warm-up %d; fresh restarts %d", total, modes, late, again, unknown, incomplete, silent, above, freshGrow, freshRestarts)
+	// Fresh Cores (StartFresh: a fleet's first start, a restart after an
+	// outage longer than the span) grow where a warm-up would hold.
+	require.Greater(t, freshGrow, total/200)
+	require.Greater(t, freshRestarts, cases/50)
 	require.Greater(t, late, total/100)
 	require.Greater(t, again, total/100)
 	require.Greater(t, unknown, total/100)

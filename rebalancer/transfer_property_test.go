@@ -36,7 +36,7 @@ type xferNet struct {
 
 // restartCrashed restarts, with a fresh Core, the regions that crashed
 // after writing a give, unless the scenario has them down at epoch e.
-func (c *cluster) restartCrashed(s scenario, e int64) {
+func (c *cluster) restartCrashed(s scenario, e, ep int64) {
 	x := c.xfer
 	for _, i := range x.crashed {
 		down := false
@@ -46,8 +46,7 @@ func (c *cluster) restartCrashed(s scenario, e int64) {
 		if !down {
 			h := c.regs[i]
 			h.up = true
-			h.core = c.newCore(h.name)
-			h.received = nil
+			c.startCore(h, ep)
 		}
 	}
 	x.crashed = x.crashed[:0]

@@ -176,6 +176,18 @@ type Bus interface {
 	Receive(ctx context.Context) (*Report, error)
 }
 
+// ReportHistory tells a starting driver whether its region published a
+// report recently (DriverConfig.History; rebalancer/kafkabus.Bus in
+// production). The Core never calls it.
+type ReportHistory interface {
+	// Published reports whether the bus holds a report of region in a
+	// record timestamped at or after since, having read every record the
+	// bus held when the call began. It answers false only when it can
+	// prove that: an error means it cannot (records of the span may have
+	// been removed, or not all could be read), and the caller warms up.
+	Published(ctx context.Context, region string, since time.Time) (bool, error)
+}
+
 // Receipt says what Receive did with a report.
 type Receipt uint8
 

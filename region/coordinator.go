@@ -248,6 +248,9 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, *kafka
 		Observer:     c.loopObserver(),
 		Fence:        fenceOf{c.fence, c.name},
 		Records:      redisio.NewRecords(c.redis),
+		// A first start (no report of this region on the bus in the span a
+		// restart needs) skips the warm-up (rebalancer package doc).
+		History: adapter,
 
 		Pressure:         pressure,
 		Transfers:        tbus,

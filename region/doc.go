@@ -43,7 +43,11 @@
 //     A new term starts a new rebalancer Core, which publishes no report
 //     during its warm-up (rebalancer.Config.WarmupEpochs): that is the
 //     rebalancer's rule for records the previous leader wrote, not a gap in
-//     the claimed epochs.
+//     the claimed epochs. A takeover adopts the records instead (no
+//     warm-up), and a first start skips it: when the usage topic
+//     holds no report of this region of the last
+//     rebalancer.FirstStartEpochs epochs (kafkabus.Bus.Published; see the
+//     rebalancer package doc, "First start").
 //
 // What it does not do: it computes nothing itself (decisions are the
 // rebalancer Core's and the dailyquota package's; admin writes are the

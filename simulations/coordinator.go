@@ -139,6 +139,11 @@ type RegionInfo struct {
 	// whatever it says, so a coordinator models failed writes by holding
 	// its updates (RebalancerCoordinator does, as the production driver).
 	StoreDown func(now time.Time) bool
+	// LastReport returns when (this region's clock) a coordinator of this
+	// region last published a usage report (*rebalancer.Report), and
+	// false when none ever did: what the bus would show a starting
+	// coordinator (rebalancer.DriverConfig.History). Nil: unknown.
+	LastReport func() (time.Time, bool)
 }
 
 // Replayer is implemented by a Coordinator that says how far back a

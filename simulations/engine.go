@@ -14,6 +14,7 @@ import (
 
 	"github.com/quotientlabs/quotient/internal/rawcheck"
 	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rebalancer"
 )
 
 // DefaultStart is the virtual wall-clock time at which runs start: a UTC
@@ -161,8 +162,12 @@ type regionState struct {
 	// holds every message delivered to the region (kept only when it has
 	// outages), which a restarted coordinator re-reads as production's
 	// consumer re-reads its topic.
-	info         RegionInfo
-	restarts     int
+	info     RegionInfo
+	restarts int
+	// lastReport is when (region clock) this region's coordinators last
+	// published a usage report, if reported (RegionInfo.LastReport).
+	lastReport   time.Time
+	reported     bool
 	log          []logged
 	nextBoundary int64
 	epochNs      int64
@@ -380,7 +385,11 @@ func newEngine(ctx context.Context, sc *Scenario, opt Options) (*engine, error) 
 		}
 		info := RegionInfo{Self: r, Regions: sc.Regions, Epoch: time.Duration(epochNs), Policies: sc.Policies, Subject: lookup,
 			WindowCounts: store.WindowCounts, Served: func() []Usage { return e.served(r) },
-			StoreDown: func(now time.Time) bool { return down(storeDown, now.UnixNano()-e.startNs-skewNs) }}
+			StoreDown: func(now time.Time) bool { return down(storeDown, now.UnixNano()-e.startNs-skewNs) },
+			LastReport: func() (time.Time, bool) {
+				rs := e.regions[r]
+				return rs.lastReport, rs.reported
+			}}
 		coord, err := opt.NewCoordinator(info)
 		if err != nil {
 			return nil, fmt.Errorf("%w: coordinator of %s: %v", ErrInternal, sc.Regions[r], err)
@@ -654,6 +663,9 @@ func (e *engine) apply(at int64, r int, now time.Time, res TickResult) {
 		return
 	}
 	for _, payload := range res.Publish {
+		if _, ok := payload.(*rebalancer.Report); ok {
+			rs.lastReport, rs.reported = now, true
+		}
 		e.send(at, r, payload)
 	}
 	for _, u := range res.Shares {

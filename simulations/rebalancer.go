@@ -40,7 +40,11 @@ import (
 // sent within the production coordinator's lookback
 // (ReplayWindow) and, with a new Core, warms up: a restarted coordinator
 // whose outage spanned more epochs than its fence lets it take over warm
-// (longer than an epoch) starts cold in production too.
+// (longer than an epoch) starts cold in production too. A coordinator
+// whose region published no report in the span a restart needs
+// (rebalancer.FirstStartEpochs: the fleet's first start, or an outage
+// longer than that) skips the warm-up (firstStart), as production's
+// driver does with the bus's history.
 type RebalancerCoordinator struct {
 	core *rebalancer.Core
 	info RegionInfo
@@ -61,6 +65,7 @@ type RebalancerCoordinator struct {
 	// Asks and gives (transfer.go).
 	fl           flushState
 	droppedGives int64
+	collected    bool // the Core collected an epoch (see firstStart)
 }
 
 // GatewayFlushInterval is how often the gateways flush their usage counts
@@ -238,6 +243,10 @@ func (c *RebalancerCoordinator) step(now time.Time, res *TickResult) {
 
 // collect collects the stashed epoch at now.
 func (c *RebalancerCoordinator) collect(now time.Time, res *TickResult) error {
+	if !c.collected {
+		c.collected = true
+		c.firstStart(now)
+	}
 	pub, err := c.core.Collect(now, c.usage)
 	if err != nil {
 		return err
@@ -260,6 +269,23 @@ func (c *RebalancerCoordinator) collect(now time.Time, res *TickResult) error {
 		res.Publish = append(res.Publish, pub.Report)
 	}
 	return nil
+}
+
+// firstStart makes the Core skip its warm-up, before its first collection
+// at now, when no report of this region was published in the span a
+// restart needs, as the production driver decides from the bus
+// (rebalancer.DriverConfig.History): at the fleet's first start, and after
+// an outage longer than the span.
+func (c *RebalancerCoordinator) firstStart(now time.Time) {
+	if c.info.LastReport == nil {
+		return
+	}
+	cc := c.core.Config()
+	f := rebalancer.EpochOf(now, cc.Epoch) - 1
+	since := rebalancer.EpochStart(f-rebalancer.FirstStartEpochs(cc), cc.Epoch).Add(-cc.Epoch)
+	if last, ok := c.info.LastReport(); !ok || last.Before(since) {
+		_ = c.core.StartFresh() // refused only after a Collect or Adopt: none yet
+	}
 }
 
 // updates queues ups and writes what is queued (unless the store is down).

@@ -138,6 +138,12 @@ type Adapter struct {
 }
 
 var _ rebalancer.Bus = (*Adapter)(nil)
+var _ rebalancer.ReportHistory = (*Adapter)(nil)
+
+// Published implements rebalancer.ReportHistory with Bus.Published.
+func (a *Adapter) Published(ctx context.Context, region string, since time.Time) (bool, error) {
+	return a.bus.Published(ctx, region, since)
+}
 
 // NewAdapter returns an adapter over bus for epochs of length epoch (the
 // rebalancer's Config.Epoch). now stamps sent_unix_ms; nil is time.Now.
