@@ -79,9 +79,6 @@ func (o *xferObserver) snapshot() (map[string]int, int64) {
 // before any epoch decision could grow it), and the shares the two
 // regions enforce never sum above L or B (checked every 20 ms).
 func TestDriverTransfersShiftWithinAnEpoch(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the transfer test runs about 35 s; not in -short")
-	}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1))

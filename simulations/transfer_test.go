@@ -150,9 +150,6 @@ func TestShiftReaches90PercentWithin3s(t *testing.T) {
 // region unless a gift for it was accepted (so at most 3 + gives per key, region
 // and epoch in all).
 func TestTransferCostOnTheSuite(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the whole suite")
-	}
 	names := []string{"abrupt-shift", "follow-the-sun", "flash-crowd", "coordinator-down", "zipf-many-keys", "five-regions-lossy", "partition"}
 	if raceBuild {
 		names = []string{"abrupt-shift", "partition"}
