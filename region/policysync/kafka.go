@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -141,7 +140,11 @@ func (f *Follower) Records() int64 { return f.records.Load() }
 func (f *Follower) Bad() int64 { return f.bad.Load() }
 
 // Run reads until ctx ends or a partition cannot be read; it waits for the
-// topic to exist. It returns ctx.Err() on cancellation.
+// topic to exist. It returns ctx.Err() on cancellation. It reads through
+// kafkautil.ConsumeTopics, so partitions added to the topic later are read
+// too (found within 5 s), and a partition whose offset retention removed
+// under its reader starts again at its first offset (the log is compacted:
+// every policy's newest record is kept).
 func (f *Follower) Run(ctx context.Context) error {
 	var parts []int
 	err := kafkautil.RetryUnknownTopic(ctx, kafkautil.DefaultBackoff(), func() error {
@@ -157,63 +160,57 @@ func (f *Follower) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("policysync: %w", err)
 	}
-	var pending sync.WaitGroup
+	// Ready once every partition known now has been read up to its end
+	// offset; catching up is told by those offsets, never by an empty fetch.
+	behind := map[int]int64{}
 	for _, p := range parts {
 		if ends[p] > 0 {
-			pending.Add(1)
+			behind[p] = ends[p]
 		}
 	}
-	go func() { pending.Wait(); f.ready.Store(true) }()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, len(parts))
-	for _, p := range parts {
-		go func() { errc <- f.readPartition(ctx, p, ends[p], &pending) }()
+	if len(behind) == 0 {
+		f.ready.Store(true)
 	}
-	err = <-errc
-	cancel()
-	for range len(parts) - 1 {
-		<-errc
+	// Fetches are held kafkautil's default (5 s), so that a change costs one
+	// round trip to a broker up to 1 s away (a short wait makes kafka-go
+	// give up on every idle fetch from a far broker); stopping does not wait
+	// for the fetch in flight.
+	err = kafkautil.ConsumeTopics(ctx, f.cl, kafkautil.ConsumeConfig{
+		Topics: []string{f.topic},
+		Restarted: func(topic string, partition int, offset int64) {
+			f.logger.Warn("policysync: partition restarted at its first offset (its offset was removed by retention)",
+				"topic", topic, "partition", partition, "offset", offset)
+		},
+	}, func(_ context.Context, _ string, p int, m kafka.Message) error {
+		f.apply(p, m)
+		if end, ok := behind[p]; ok && m.Offset+1 >= end {
+			delete(behind, p)
+			if len(behind) == 0 {
+				f.ready.Store(true)
+			}
+		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("policysync: read %q: %w", f.topic, err)
 	}
 	return err
 }
 
-func (f *Follower) readPartition(ctx context.Context, p int, end int64, pending *sync.WaitGroup) error {
-	// Fetches are held kafkautil's default (5 s), so that a change costs one
-	// round trip to a broker up to 1 s away (a short wait makes kafka-go
-	// give up on every idle fetch from a far broker); catching up is told by
-	// the end offset taken at start, never by an empty fetch, and Close
-	// does not wait for the fetch in flight.
-	r, err := f.cl.NewPartitionReader(f.topic, p, kafka.FirstOffset, kafkautil.ReaderConfig{})
-	if err != nil {
-		return fmt.Errorf("policysync: %w", err)
+// apply decodes one record of partition p into the Catalog, counting and
+// logging a refused one.
+func (f *Follower) apply(p int, m kafka.Message) {
+	f.records.Add(1)
+	rec, err := Decode(m.Value)
+	changed := false
+	if err == nil {
+		changed, err = f.cat.Apply(rec)
 	}
-	defer func() { _ = r.Close() }()
-	caught := end <= 0
-	for {
-		m, err := r.ReadMessage(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("policysync: read %q partition %d: %w", f.topic, p, err)
-		}
-		f.records.Add(1)
-		rec, err := Decode(m.Value)
-		changed := false
-		if err == nil {
-			changed, err = f.cat.Apply(rec)
-		}
-		if err != nil {
-			f.bad.Add(1)
-			f.logger.Warn("policysync: record skipped", "partition", p, "offset", m.Offset, "err", err)
-		}
-		if changed {
-			f.onChange()
-		}
-		if !caught && m.Offset+1 >= end {
-			caught = true
-			pending.Done()
-		}
+	if err != nil {
+		f.bad.Add(1)
+		f.logger.Warn("policysync: record skipped", "partition", p, "offset", m.Offset, "err", err)
+	}
+	if changed {
+		f.onChange()
 	}
 }
