@@ -36,7 +36,7 @@ const (
 // evaluation window's error against virtual time on the same scenario,
 // within 5 points.
 func TestDeployedMatchesVirtual(t *testing.T) {
-	t.Parallel() // its own lab, ports inside its own namespaces
+	inTurn(t) // its own lab, ports inside its own namespaces
 	if err := netlab.Available(); err != nil {
 		t.Skipf("this machine lacks what network namespaces need: %v", err)
 	}

@@ -26,7 +26,7 @@
 // They need root, ip and nft and skip, naming what is missing, without.
 //
 // Every test runs in parallel with the others, four at a time (make e2e
-// passes -parallel 4): each is a deployment of its own, on free loopback
+// passes -parallel 4) and the longest first (order_test.go): each is a deployment of its own, on free loopback
 // ports or in a lab of its own, of mostly idle processes at tens of
 // requests per second.
 package e2e

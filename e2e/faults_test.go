@@ -32,7 +32,7 @@ import (
 // so the counts that could not be published during the outage are not
 // lost.
 func TestBinariesBrokerDown(t *testing.T) {
-	t.Parallel()
+	inTurn(t)
 	const (
 		rate      = 30.0
 		cutFrom   = 20 * time.Second
@@ -203,7 +203,7 @@ const gatewayDeadline = 4 * time.Millisecond
 // Redis servers answer, "c" within 5 % of the ideal in every window, and
 // "g"'s fallback within its fail-open limit.
 func TestBinariesRedisKilled(t *testing.T) {
-	t.Parallel()
+	inTurn(t)
 	const (
 		rate    = 30.0
 		killAt  = 25 * time.Second

@@ -30,7 +30,7 @@ import (
 // 5 %: the bucket state and the share records live in the region's
 // Redis, so a restarted gateway resumes them instead of starting full.
 func TestBinariesGatewayRestarted(t *testing.T) {
-	t.Parallel()
+	inTurn(t)
 	const (
 		rate   = 30.0
 		termAt = 20 * time.Second

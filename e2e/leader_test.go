@@ -28,7 +28,7 @@ import (
 // which of its epochs were never reported (skipped) and which were
 // reported twice with different contents (doubled: target 0).
 func TestBinariesLeaderKilled(t *testing.T) {
-	t.Parallel()
+	inTurn(t)
 	dir := t.TempDir()
 	quotient := bin(t, "quotient")
 	kafka := startBroker(t, dir)

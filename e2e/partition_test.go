@@ -21,7 +21,7 @@ import (
 // every 100 ms sample; the test reports, per window, the over-admission of
 // the global limit and the under-service of each side of the cut.
 func TestBinariesRegionCutOff(t *testing.T) {
-	t.Parallel()
+	inTurn(t)
 	const (
 		rate    = 30.0
 		cutFrom = 25 * time.Second

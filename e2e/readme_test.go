@@ -24,7 +24,7 @@ import (
 // 30 requests/s to each gateway for 40 s. One global limiter admits
 // 20 x 40 + 20 = 820.
 func TestBinariesTwoRegionsAsTheReadme(t *testing.T) {
-	t.Parallel()
+	inTurn(t)
 	dir := t.TempDir()
 	quotient := bin(t, "quotient")
 	up := upstreamURL(t)

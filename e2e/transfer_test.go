@@ -51,7 +51,7 @@ const (
 // never exceed B + L per second of the window (plus 0.5 s of L for the
 // client's binning of requests into seconds).
 func TestBinariesTransferAfterShift(t *testing.T) {
-	t.Parallel()
+	inTurn(t)
 	dir := t.TempDir()
 	quotient := bin(t, "quotient")
 	began := time.Now()
