@@ -458,3 +458,45 @@ func TestAsksPerPeriodAreBounded(t *testing.T) {
 	p.step(80_000, 100_000)
 	assert.Equal(t, 3, asks())
 }
+
+// A giver keeps three requests per second above its one-second count of
+// a key on the first ask (a count of 0 does not rule out a few per
+// second), and gives the rest to the same asker's next ask within two ask
+// intervals (a second low count in a row).
+func TestGiverKeepsANoiseMarginOnTheFirstAsk(t *testing.T) {
+	floor := xlim.Default().RateMilli * 15 / 1000
+	askFor := func(p *tpair, at time.Time, need int64, own []Pressure) *Give {
+		ask := &Ask{Region: "b", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: need, BurstMilli: 2 * need}}}}
+		_, g, err := p.a.ReceiveAsk(at, ask, own)
+		require.NoError(t, err)
+		return g
+	}
+	t.Run("a count of zero", func(t *testing.T) {
+		p := newTransferPair(t)
+		now := p.now()
+		p.a.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
+		g := askFor(p, now, 90_000, nil)
+		require.NotNil(t, g)
+		assert.Equal(t, int64(87_000), g.Keys[0].Amount.RateMilli)
+		assert.Equal(t, int64(3_000), share(p.a, hot).RateMilli, "three requests per second kept")
+		g = askFor(p, now.Add(time.Second), 3_000, nil)
+		require.NotNil(t, g, "the same asker's next ask")
+		assert.Equal(t, floor, share(p.a, hot).RateMilli, "all but the floor given")
+	})
+	t.Run("a count of two", func(t *testing.T) {
+		p := newTransferPair(t)
+		p.a.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
+		g := askFor(p, p.now(), 90_000, []Pressure{{Key: hot, DemandMilli: 2_000}})
+		require.NotNil(t, g)
+		assert.Equal(t, int64(5_000), share(p.a, hot).RateMilli, "the count plus three requests, above its headroom (2.5/s)")
+	})
+	t.Run("a later ask starts over", func(t *testing.T) {
+		p := newTransferPair(t)
+		now := p.now()
+		p.a.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
+		require.NotNil(t, askFor(p, now, 80_000, nil))
+		require.Equal(t, int64(10_000), share(p.a, hot).RateMilli)
+		require.NotNil(t, askFor(p, now.Add(2*time.Second+time.Millisecond), 80_000, nil))
+		assert.Equal(t, int64(3_000), share(p.a, hot).RateMilli, "past two ask intervals the margin is kept again")
+	})
+}
