@@ -28,8 +28,9 @@ func TestSimulateLiveBadFlags(t *testing.T) {
 		{[]string{"--live", "--kafka", "k:1", "--redis", "a=x:1", "--time-scale", "0"}, "--time-scale 0"},
 		{[]string{"--live", "--kafka", "k:1", "--redis", "a=x:1", "--rate-scale", "-1"}, "--rate-scale -1"},
 		{[]string{"--live", "--cold-start", "--kafka", "k:1", "--redis", "a=x:1"}, "--cold-start is for virtual time"},
-		{[]string{"--rate-scale", "5"}, "--rate-scale applies to --live and --deployed only"},
-		{[]string{"--time-scale", "5", "--rate-scale", "5"}, "--rate-scale and --time-scale apply to --live and --deployed only"},
+		{[]string{"--rate-scale", "0"}, "--rate-scale 0: want a number > 0"},
+		{[]string{"--time-scale", "5"}, "--time-scale applies to --live and --deployed only"},
+		{[]string{"--time-scale", "5", "--rate-scale", "5"}, "--time-scale applies to --live and --deployed only"},
 	} {
 		code, _, stderr := simulate(t, append(tc.args, file)...)
 		assert.Equal(t, 2, code, "%v", tc.args)

@@ -102,6 +102,31 @@ func TestSimulateSeedOverride(t *testing.T) {
 	assert.Equal(t, int64(42), s.Seed)
 }
 
+// --rate-scale in virtual time runs the scenario at 1/F of its request
+// and policy rates: the same file at F = 5 makes about a fifth of the
+// decisions, and a scale the policies cannot take is refused naming it.
+func TestSimulateRateScaleInVirtualTime(t *testing.T) {
+	dir := t.TempDir()
+	file := writeScenario(t, dir, "light", passing)
+	decisions := func(args ...string) int64 {
+		out := filepath.Join(dir, strings.Join(args, "")+"out")
+		code, _, stderr := simulate(t, append(append([]string{"--out", out}, args...), file)...)
+		require.Equal(t, 0, code, stderr)
+		data, err := os.ReadFile(filepath.Join(out, "light.summary.json"))
+		require.NoError(t, err)
+		var s struct{ Decisions int64 }
+		require.NoError(t, json.Unmarshal(data, &s))
+		require.Positive(t, s.Decisions)
+		return s.Decisions
+	}
+	full, fifth := decisions(), decisions("--rate-scale", "5")
+	assert.InDelta(t, 0.2, float64(fifth)/float64(full), 0.05, "%d of %d decisions", fifth, full)
+
+	code, _, stderr := simulate(t, "--out", filepath.Join(dir, "x"), "--rate-scale", "1e9", file)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, "rate_per_sec", "a rate below what a policy takes names the field")
+}
+
 func TestSimulateSameSeedSameOutputs(t *testing.T) {
 	dir := t.TempDir()
 	file := writeScenario(t, dir, "light", passing)
