@@ -128,23 +128,41 @@ func (m *MemoryStore) shardIndex(subject Subject) uint64 {
 
 const sweepEveryMs = 10_000
 
+// memOp is the scratch state of one op during eval.
+type memOp struct {
+	st          state       // advanced, then final
+	rate, burst int64       // effective bucket parameters
+	subj        *memSubject // nil: the subject has no state yet
+	entry       int         // index of the op's entry in subj.entries; -1: none
+	shard       int         // shard of the op's subject
+}
+
 // eval implements Store: one atomic step across every subject of the
 // request. The shards of the request's subjects are locked together, in
 // ascending shard order (so two requests never wait on each other in a
-// cycle), for the whole decision.
+// cycle), for the whole decision. It allocates nothing for up to four ops
+// of states that exist (a new subject or policy state allocates it).
 func (m *MemoryStore) eval(_ context.Context, now time.Time, subjects []Subject, ops []op, res []result) (bool, error) {
 	nowUs := now.UnixMicro()
 	nowMs := nowUs / 1000
-	// The shard of each distinct subject, hashed once: sub[k] is the
-	// shard of the k-th distinct subject, in request order.
-	var subBuf, idxBuf [maxSubjects]int
-	sub, idx := subBuf[:0], idxBuf[:0]
+	var scBuf [4]memOp
+	sc := scBuf[:]
+	if len(ops) > len(scBuf) {
+		sc = make([]memOp, len(ops))
+	}
+	sc = sc[:len(ops)]
+	// The shard of each distinct subject, hashed once; idx is the
+	// distinct shards, ascending. The ops of one subject are consecutive,
+	// so a request of one subject (the common case) hashes and locks once.
+	var idxBuf [maxSubjects]int
+	idx := idxBuf[:0]
 	for i := range subjects {
 		if i > 0 && subjects[i] == subjects[i-1] {
+			sc[i].shard = sc[i-1].shard
 			continue
 		}
 		j := int(m.shardIndex(subjects[i]))
-		sub = append(sub, j)
+		sc[i].shard = j
 		idx = append(idx, j)
 	}
 	if len(idx) > 1 {
@@ -159,88 +177,99 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subjects []Subject,
 			sh.nextSweep = nowMs + sweepEveryMs
 		}
 	}
-	defer func() {
-		for _, j := range idx {
-			m.shards[j].mu.Unlock()
-		}
-	}()
+	defer m.unlock(idx)
 
-	var advBuf [4]state
-	var rateBuf, burstBuf [4]int64
-	var subjBuf [4]*memSubject
-	adv, rates, bursts, subjs := advBuf[:0], rateBuf[:0], burstBuf[:0], subjBuf[:0]
 	allowed := true
-	var shardBuf [4]int
-	shardOf := shardBuf[:0] // the shard of ops[i]'s subject
-	k := -1
 	for i := range ops {
-		o := &ops[i]
-		var subj *memSubject
+		o, x := &ops[i], &sc[i]
 		if i > 0 && subjects[i] == subjects[i-1] {
-			subj = subjs[i-1]
+			x.subj = sc[i-1].subj
 		} else {
-			k++
-			subj = m.shards[sub[k]].subjects[subjects[i]]
+			x.subj = m.shards[x.shard].subjects[subjects[i]]
 		}
-		shardOf = append(shardOf, sub[k])
-		rate, burst := o.rate, o.burst
+		x.rate, x.burst, x.entry = o.rate, o.burst, -1
 		var cur *state
-		if subj != nil {
+		if x.subj != nil {
 			if o.global && !o.replicated() {
-				if s := subj.share(o.policy, nowMs); s != nil {
-					rate, burst = s.rate, s.burst
+				if s := x.subj.share(o.policy, nowMs); s != nil {
+					x.rate, x.burst = s.rate, s.burst
 				}
 			}
-			cur = subj.lookup(o.policy, o.tag(), nowMs, m.keepExpired)
+			x.entry = x.subj.find(o.policy, o.tag())
+			if x.entry >= 0 {
+				if e := &x.subj.entries[x.entry]; e.st.expireMs > nowMs || m.keepExpired {
+					cur = &e.st
+				}
+			}
 		}
-		s := advance(o, cur, nowUs, rate, burst)
-		admit, r := decide(o, &s, nowUs, rate, burst)
-		r.allowed = admit
-		res[i] = r
-		if !admit && o.enforce {
+		advanceTo(&x.st, o, cur, nowUs, x.rate, x.burst)
+		r := &res[i]
+		r.allowed = decideTo(r, o, &x.st, nowUs, x.rate, x.burst)
+		if !r.allowed && o.enforce {
 			allowed = false
 		}
-		adv, rates, bursts, subjs = append(adv, s), append(rates, rate), append(bursts, burst), append(subjs, subj)
 	}
 	for i := range ops {
-		o := &ops[i]
-		final := adv[i]
-		if allowed && res[i].allowed && o.cost > 0 {
-			final = consume(o, final, nowUs, rates[i])
-			ttl := report(o, &final, nowUs, rates[i], bursts[i], &res[i])
-			final.expireMs = nowMs + ttl
-			subj := subjs[i]
-			if subj == nil {
-				sh := &m.shards[shardOf[i]]
-				if subj = sh.subjects[subjects[i]]; subj == nil {
-					subj = &memSubject{}
-					sh.subjects[subjects[i]] = subj
+		o, x, r := &ops[i], &sc[i], &res[i]
+		if allowed && r.allowed && o.cost > 0 {
+			consumeTo(o, &x.st, nowUs, x.rate)
+			ttl := report(o, &x.st, nowUs, x.rate, x.burst, r)
+			x.st.expireMs = nowMs + ttl
+			if x.subj == nil {
+				sh := &m.shards[x.shard]
+				if x.subj = sh.subjects[subjects[i]]; x.subj == nil {
+					x.subj = &memSubject{}
+					sh.subjects[subjects[i]] = x.subj
 				}
-				subjs[i] = subj
+				// Later ops of this subject see it (none of them
+				// looked it up: they had none either).
+				for k := i + 1; k < len(ops) && subjects[k] == subjects[i]; k++ {
+					sc[k].subj = x.subj
+				}
 			}
-			subj.store(o.policy, o.tag(), final)
+			// By index, not by a pointer kept from the lookup: an
+			// earlier op's append may have moved the entries.
+			if x.entry >= 0 {
+				x.subj.entries[x.entry].st = x.st
+			} else {
+				x.subj.store(o.policy, o.tag(), x.st)
+			}
 		} else {
-			report(o, &final, nowUs, rates[i], bursts[i], &res[i])
+			report(o, &x.st, nowUs, x.rate, x.burst, r)
 		}
-		if !allowed || !res[i].allowed {
-			res[i].delayMs = 0
+		if !allowed || !r.allowed {
+			r.delayMs = 0
 		}
-		if allowed && res[i].allowed {
-			res[i].retryMs = 0
+		if allowed && r.allowed {
+			r.retryMs = 0
 		}
 	}
 	return allowed, nil
 }
 
-// lookup returns the live state of a policy (by its key suffix and
-// algorithm), or nil.
-func (s *memSubject) lookup(policy, tag string, nowMs int64, keepExpired bool) *state {
+func (m *MemoryStore) unlock(idx []int) {
+	for _, j := range idx {
+		m.shards[j].mu.Unlock()
+	}
+}
+
+// find returns the index in s.entries of a policy's state (by its key
+// suffix and algorithm), expired or not, or -1.
+func (s *memSubject) find(policy, tag string) int {
 	for i := range s.entries {
 		e := &s.entries[i]
 		if e.policy == policy && e.tag == tag {
-			if e.st.expireMs <= nowMs && !keepExpired {
-				return nil
-			}
+			return i
+		}
+	}
+	return -1
+}
+
+// lookup returns the live state of a policy (by its key suffix and
+// algorithm), or nil.
+func (s *memSubject) lookup(policy, tag string, nowMs int64, keepExpired bool) *state {
+	if i := s.find(policy, tag); i >= 0 {
+		if e := &s.entries[i]; e.st.expireMs > nowMs || keepExpired {
 			return &e.st
 		}
 	}
