@@ -231,16 +231,10 @@ func bucketTokens(s *state, nowUs, rate, capN int64) int64 {
 }
 
 // bucketState is the state of a bucket that holds tokens at nowUs: the
-// tokens at the start of nowUs's millisecond, at rate (which may be
-// negative, down to -999 µs of refill).
-func bucketState(tokens, nowUs, rate int64) state {
-	a, b := bucketAB(tokens, nowUs, rate)
-	return state{a: a, b: b}
-}
-
-// bucketAB is bucketState's two fields (a: nano-tokens, b: ms), for the
-// callers that update a state in place.
-func bucketAB(tokens, nowUs, rate int64) (a, b int64) {
+// tokens at the start of nowUs's millisecond (a: nano-tokens), at rate
+// (which may be negative, down to -999 µs of refill), and that
+// millisecond (b).
+func bucketState(tokens, nowUs, rate int64) (a, b int64) {
 	ms := floorDiv(nowUs, 1000)
 	return tokens - (nowUs-ms*1000)*rate, ms
 }
@@ -264,7 +258,7 @@ func advanceTo(dst *state, o *op, st *state, nowUs, rate, burst int64) {
 		if st != nil {
 			tokens = bucketTokens(st, nowUs, rate, capN)
 		}
-		a, b := bucketAB(tokens, nowUs, rate)
+		a, b := bucketState(tokens, nowUs, rate)
 		*dst = state{a: a, b: b}
 		return
 	}
@@ -444,7 +438,7 @@ func consumeTo(o *op, s *state, nowUs, rate int64) {
 		rate, _ = bucketLimits(rate, 0)
 		tokens := bucketTokens(s, nowUs, rate, math.MaxInt64) - o.cost*nano
 		*s = state{}
-		s.a, s.b = bucketAB(tokens, nowUs, rate)
+		s.a, s.b = bucketState(tokens, nowUs, rate)
 	case FixedWindow, SlidingWindowCounter:
 		if o.replicated() {
 			s.counts = withCount(s.counts, o.region, s.countOf(o.region)+o.cost)

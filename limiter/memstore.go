@@ -83,9 +83,65 @@ type MemoryStore struct {
 }
 
 type memShard struct {
-	mu        sync.Mutex
-	subjects  map[Subject]*memSubject
+	mu sync.Mutex
+	// kinds holds, for every subject kind with state in the shard, its
+	// subjects by value: one map per kind, so that a lookup hashes and
+	// compares the value alone, on the map's fast path for string keys,
+	// after a scan of the few kinds (Identity has four, package rls adds
+	// descriptors). A kind with no subject left is dropped by the sweep.
+	kinds     []memKind
 	nextSweep int64
+}
+
+type memKind struct {
+	kind     SubjectKind
+	subjects map[string]*memSubject
+}
+
+// get returns the state of subject, or nil.
+func (sh *memShard) get(subject Subject) *memSubject {
+	for i := range sh.kinds {
+		if k := &sh.kinds[i]; k.kind == subject.Kind {
+			return k.subjects[subject.Value]
+		}
+	}
+	return nil
+}
+
+// getOrCreate returns the state of subject, made empty if it has none.
+func (sh *memShard) getOrCreate(subject Subject) *memSubject {
+	var k *memKind
+	for i := range sh.kinds {
+		if sh.kinds[i].kind == subject.Kind {
+			k = &sh.kinds[i]
+			break
+		}
+	}
+	if k == nil {
+		sh.kinds = append(sh.kinds, memKind{kind: subject.Kind, subjects: make(map[string]*memSubject)})
+		k = &sh.kinds[len(sh.kinds)-1]
+	}
+	subj := k.subjects[subject.Value]
+	if subj == nil {
+		subj = &memSubject{}
+		k.subjects[subject.Value] = subj
+	}
+	return subj
+}
+
+// put sets the state of subject (tests: copies of a store).
+func (sh *memShard) put(subject Subject, subj *memSubject) {
+	*sh.getOrCreate(subject) = *subj
+}
+
+// each calls fn for every subject with state in the shard.
+func (sh *memShard) each(fn func(Subject, *memSubject)) {
+	for i := range sh.kinds {
+		k := &sh.kinds[i]
+		for v, subj := range k.subjects {
+			fn(Subject{Kind: k.kind, Value: v}, subj)
+		}
+	}
 }
 
 type memEntry struct {
@@ -108,11 +164,7 @@ type memSubject struct {
 
 // NewMemoryStore returns an empty store.
 func NewMemoryStore() *MemoryStore {
-	m := &MemoryStore{seed: maphash.MakeSeed()}
-	for i := range m.shards {
-		m.shards[i].subjects = make(map[Subject]*memSubject)
-	}
-	return m
+	return &MemoryStore{seed: maphash.MakeSeed()}
 }
 
 func (m *MemoryStore) shard(subject Subject) *memShard {
@@ -185,7 +237,7 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subjects []Subject,
 		if i > 0 && subjects[i] == subjects[i-1] {
 			x.subj = sc[i-1].subj
 		} else {
-			x.subj = m.shards[x.shard].subjects[subjects[i]]
+			x.subj = m.shards[x.shard].get(subjects[i])
 		}
 		x.rate, x.burst, x.entry = o.rate, o.burst, -1
 		var cur *state
@@ -216,11 +268,7 @@ func (m *MemoryStore) eval(_ context.Context, now time.Time, subjects []Subject,
 			ttl := report(o, &x.st, nowUs, x.rate, x.burst, r)
 			x.st.expireMs = nowMs + ttl
 			if x.subj == nil {
-				sh := &m.shards[x.shard]
-				if x.subj = sh.subjects[subjects[i]]; x.subj == nil {
-					x.subj = &memSubject{}
-					sh.subjects[subjects[i]] = x.subj
-				}
+				x.subj = m.shards[x.shard].getOrCreate(subjects[i])
 				// Later ops of this subject see it (none of them
 				// looked it up: they had none either).
 				for k := i + 1; k < len(ops) && subjects[k] == subjects[i]; k++ {
@@ -301,7 +349,14 @@ func (s *memSubject) share(policy string, nowMs int64) *memShare {
 }
 
 func (sh *memShard) sweep(nowMs int64) {
-	for k, subj := range sh.subjects {
+	for ki := range sh.kinds {
+		sh.kinds[ki].sweep(nowMs)
+	}
+	sh.kinds = slices.DeleteFunc(sh.kinds, func(k memKind) bool { return len(k.subjects) == 0 })
+}
+
+func (mk *memKind) sweep(nowMs int64) {
+	for k, subj := range mk.subjects {
 		live := subj.entries[:0]
 		for _, e := range subj.entries {
 			if e.st.expireMs > nowMs {
@@ -319,7 +374,7 @@ func (sh *memShard) sweep(nowMs int64) {
 		clear(subj.shares[len(shares):])
 		subj.shares = shares
 		if len(subj.entries) == 0 && len(subj.shares) == 0 {
-			delete(sh.subjects, k)
+			delete(mk.subjects, k)
 		}
 	}
 }
@@ -334,11 +389,7 @@ func (m *MemoryStore) SetShare(now time.Time, subject Subject, policyID string, 
 	sh := m.shard(subject)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	subj := sh.subjects[subject]
-	if subj == nil {
-		subj = &memSubject{}
-		sh.subjects[subject] = subj
-	}
+	subj := sh.getOrCreate(subject)
 	val := memShare{policy: policyID, rate: rateMilli, burst: burstMilli, hasExpiry: ttl > 0, expireMs: nowMs + ttl.Milliseconds()}
 	for i := range subj.shares {
 		if subj.shares[i].policy == policyID {
@@ -356,9 +407,7 @@ func (m *MemoryStore) Len() int {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for _, s := range sh.subjects {
-			n += len(s.entries)
-		}
+		sh.each(func(_ Subject, s *memSubject) { n += len(s.entries) })
 		sh.mu.Unlock()
 	}
 	return n
