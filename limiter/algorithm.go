@@ -140,11 +140,14 @@ type logEntry struct {
 //	fixed_window, global:   a = window start ms, counts per region,
 //	                        cap = this region's cap ("w", "n:<region>", "cap")
 type state struct {
-	a, b, c  int64
+	a, b, c int64
+	// expireMs is the absolute time of the key's TTL. (It is next to a
+	// and b, the whole state of a bucket, so that a bucket's decision
+	// reads one cache line of the memory store.)
+	expireMs int64
+	capv     int64 // -1: no cap
 	log      []logEntry
 	counts   []regionCount // sorted by region
-	capv     int64         // -1: no cap
-	expireMs int64         // absolute; the key's TTL
 }
 
 // countOf is region's count in a replicated window.
