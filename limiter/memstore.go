@@ -74,8 +74,10 @@ const memShards = 64
 // its time, on access, so memory follows active keys.
 // The zero value is not usable; call NewMemoryStore.
 type MemoryStore struct {
-	seed   maphash.Seed
+	// shards first: the store's allocation (over 4 KB, a size class of
+	// multiples of 64 bytes) is cache-line aligned, and so is every shard.
 	shards [memShards]memShard
+	seed   maphash.Seed
 	// keepExpired (tests only) makes expired state count as live, as a
 	// Redis server whose clock has not reached the TTL would: the
 	// differential test drives virtual time far ahead of Redis's clock.
@@ -91,6 +93,9 @@ type memShard struct {
 	// descriptors). A kind with no subject left is dropped by the sweep.
 	kinds     []memKind
 	nextSweep int64
+	// One shard per 64-byte cache line: goroutines deciding on different
+	// shards do not invalidate each other's lines (false sharing).
+	_ [64 - 40]byte
 }
 
 type memKind struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -88,4 +89,11 @@ func TestMemoryStoreKindsApart(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 0, store.Len())
 	assert.Empty(t, sh.kinds)
+}
+
+// TestMemoryShardIsOneCacheLine: the padding of memShard keeps one shard
+// per 64-byte line (a field added to it must shrink the padding).
+func TestMemoryShardIsOneCacheLine(t *testing.T) {
+	assert.Equal(t, uintptr(64), unsafe.Sizeof(memShard{}))
+	assert.Zero(t, unsafe.Offsetof(MemoryStore{}.shards))
 }
