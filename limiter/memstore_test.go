@@ -97,6 +97,9 @@ func TestMemoryStoreKindsApart(t *testing.T) {
 func TestMemoryShardIsOneCacheLine(t *testing.T) {
 	assert.Equal(t, uintptr(64), unsafe.Sizeof(memShard{}))
 	assert.Zero(t, unsafe.Offsetof(MemoryStore{}.shards))
+	// The sizes MemoryStore's doc states (176 bytes: Go's size class).
+	assert.Equal(t, uintptr(168), unsafe.Sizeof(memSubject{}))
+	assert.Equal(t, uintptr(120), unsafe.Sizeof(memEntry{}))
 }
 
 // TestMemoryStoreConcurrentIsExact: goroutines deciding at once on shared
