@@ -1171,8 +1171,9 @@ func (l *Limiter) opFor(p *Policy, cost int64) op {
 }
 
 // fillOp writes the store operation of one policy under the region set
-// rs into *o.
+// rs into *o (all of it: *o may hold a previous request's op).
 func fillOp(o *op, p *Policy, cost int64, rs *regionState) {
+	*o = op{}
 	o.algo = p.Algorithm
 	o.enforce = p.Mode == Enforce
 	o.global = p.Scope == ScopeGlobal
