@@ -140,11 +140,14 @@ type logEntry struct {
 //	fixed_window, global:   a = window start ms, counts per region,
 //	                        cap = this region's cap ("w", "n:<region>", "cap")
 type state struct {
-	a, b, c  int64
+	a, b, c int64
+	// expireMs is the absolute time of the key's TTL. (It is next to a
+	// and b, the whole state of a bucket, so that a bucket's decision
+	// reads one cache line of the memory store.)
+	expireMs int64
+	capv     int64 // -1: no cap
 	log      []logEntry
 	counts   []regionCount // sorted by region
-	capv     int64         // -1: no cap
-	expireMs int64         // absolute; the key's TTL
 }
 
 // countOf is region's count in a replicated window.
@@ -231,26 +234,43 @@ func bucketTokens(s *state, nowUs, rate, capN int64) int64 {
 }
 
 // bucketState is the state of a bucket that holds tokens at nowUs: the
-// tokens at the start of nowUs's millisecond, at rate (which may be
-// negative, down to -999 µs of refill).
-func bucketState(tokens, nowUs, rate int64) state {
+// tokens at the start of nowUs's millisecond (a: nano-tokens), at rate
+// (which may be negative, down to -999 µs of refill), and that
+// millisecond (b).
+func bucketState(tokens, nowUs, rate int64) (a, b int64) {
 	ms := floorDiv(nowUs, 1000)
-	return state{a: tokens - (nowUs-ms*1000)*rate, b: ms}
+	return tokens - (nowUs-ms*1000)*rate, ms
 }
 
 // advance moves st (nil when the key does not exist) to time nowUs without
 // consuming, and returns the new state. rate and burst are the effective
 // bucket parameters (the share, for global policies).
 func advance(o *op, st *state, nowUs, rate, burst int64) state {
-	switch o.algo {
-	case TokenBucket, LeakyBucket:
+	var s state
+	advanceTo(&s, o, st, nowUs, rate, burst)
+	return s
+}
+
+// advanceTo is advance writing the new state into *dst (which must not
+// be st): the memory store's hot path, which copies no 88-byte state.
+func advanceTo(dst *state, o *op, st *state, nowUs, rate, burst int64) {
+	if o.algo.isBucket() {
 		rate, burst = bucketLimits(rate, burst)
 		capN := burst * nanoPerMilli
 		tokens := capN
 		if st != nil {
 			tokens = bucketTokens(st, nowUs, rate, capN)
 		}
-		return bucketState(tokens, nowUs, rate)
+		a, b := bucketState(tokens, nowUs, rate)
+		*dst = state{a: a, b: b}
+		return
+	}
+	*dst = advanceWindow(o, st, nowUs)
+}
+
+// advanceWindow is advance for the window algorithms.
+func advanceWindow(o *op, st *state, nowUs int64) state {
+	switch o.algo {
 	case FixedWindow:
 		start := fixedStart(o, nowUs/1000)
 		if st == nil || start > st.a {
@@ -318,12 +338,22 @@ func swcEstimate(s *state, windowMs, elapsed int64) float64 {
 
 // decide evaluates one policy at nowUs on the advanced state s: whether it
 // admits o.cost, and its retry and delay answers.
-func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) {
+func decide(o *op, s *state, nowUs, rate, burst int64) (bool, result) {
+	var res result
+	admit := decideTo(&res, o, s, nowUs, rate, burst)
+	return admit, res
+}
+
+// decideTo is decide writing the answers into *res (which it zeroes
+// first, allowed included) and returning whether the policy admits.
+func decideTo(res *result, o *op, s *state, nowUs, rate, burst int64) (admit bool) {
+	*res = result{}
 	switch o.algo {
 	case TokenBucket, LeakyBucket:
 		rate, burst = bucketLimits(rate, burst)
 		if o.cost > burst/1000 { // cost x 1000 > burst, without overflow
-			return false, result{retryMs: -1}
+			res.retryMs = -1
+			return false
 		}
 		capN := burst * nanoPerMilli
 		tokens := bucketTokens(s, nowUs, rate, capN)
@@ -337,7 +367,7 @@ func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) 
 		case !admit:
 			res.retryMs = -1 // no refill: only a new rate can admit it
 		}
-		return admit, res
+		return admit
 	case FixedWindow:
 		now := windowNow(o, s, nowUs)
 		if o.replicated() {
@@ -394,17 +424,24 @@ func decide(o *op, s *state, nowUs, rate, burst int64) (admit bool, res result) 
 			}
 		}
 	}
-	return admit, res
+	return admit
 }
 
 // consume spends o.cost from the advanced state s at nowUs and returns the
 // new state.
 func consume(o *op, s state, nowUs, rate int64) state {
+	consumeTo(o, &s, nowUs, rate)
+	return s
+}
+
+// consumeTo is consume updating *s in place.
+func consumeTo(o *op, s *state, nowUs, rate int64) {
 	switch o.algo {
 	case TokenBucket, LeakyBucket:
 		rate, _ = bucketLimits(rate, 0)
-		tokens := bucketTokens(&s, nowUs, rate, math.MaxInt64) - o.cost*nano
-		s = bucketState(tokens, nowUs, rate)
+		tokens := bucketTokens(s, nowUs, rate, math.MaxInt64) - o.cost*nano
+		*s = state{}
+		s.a, s.b = bucketState(tokens, nowUs, rate)
 	case FixedWindow, SlidingWindowCounter:
 		if o.replicated() {
 			s.counts = withCount(s.counts, o.region, s.countOf(o.region)+o.cost)
@@ -414,9 +451,8 @@ func consume(o *op, s state, nowUs, rate int64) state {
 	case SlidingWindowLog:
 		log := make([]logEntry, len(s.log), len(s.log)+1)
 		copy(log, s.log)
-		s.log = append(log, logEntry{ts: windowNow(o, &s, nowUs), cost: o.cost})
+		s.log = append(log, logEntry{ts: windowNow(o, s, nowUs), cost: o.cost})
 	}
-	return s
 }
 
 // report fills the quota fields of res (remaining, reset) from the final

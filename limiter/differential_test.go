@@ -442,7 +442,7 @@ func differentialSubjects(t *testing.T, rng *rand.Rand, algo Algorithm, monthly 
 			rate, burst := o.rate, o.burst
 			var mst *state
 			sh := ms.shard(subjs[i])
-			if s := sh.subjects[subjs[i]]; s != nil {
+			if s := sh.get(subjs[i]); s != nil {
 				if sv := s.share(o.policy, now.UnixMilli()); sv != nil && o.global && !o.replicated() {
 					rate, burst = sv.rate, sv.burst
 				}
@@ -491,9 +491,7 @@ func dumpMemory(m *MemoryStore) memDump {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for k, s := range sh.subjects {
-			out[k] = cloneSubject(s)
-		}
+		sh.each(func(k Subject, s *memSubject) { out[k] = cloneSubject(s) })
 		sh.mu.Unlock()
 	}
 	return out
@@ -517,10 +515,10 @@ func cloneMemory(m *MemoryStore) *MemoryStore {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		c.shards[i].nextSweep = sh.nextSweep
-		for k, s := range sh.subjects {
+		sh.each(func(k Subject, s *memSubject) {
 			cs := cloneSubject(s)
-			c.shards[i].subjects[k] = &cs
-		}
+			c.shards[i].put(k, &cs)
+		})
 		sh.mu.Unlock()
 	}
 	return c

@@ -46,7 +46,9 @@ type EventSink interface {
 }
 
 // SlogSink is the default EventSink: one Info record per event on Logger
-// (message "limiter decision"). A nil Logger discards.
+// (message "limiter decision"). A nil Logger discards. While Logger drops
+// Info records (the default discard logger), the Limiter neither samples
+// nor builds events for it.
 type SlogSink struct {
 	Logger *slog.Logger
 }

@@ -243,7 +243,8 @@ type Limiter struct {
 	overrides Overrides
 	policies  atomic.Pointer[[]*Policy]
 
-	remote   bool // the resilience layer applies
+	remote   bool         // the resilience layer applies
+	mem      *MemoryStore // store, when it is the MemoryStore (else nil)
 	deadline time.Duration
 	breaker  *Breaker
 	deny     *denyCache // nil: disabled
@@ -269,9 +270,10 @@ func New(cfg Config, policies []*Policy) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	_, inMemory := cfg.Store.(*MemoryStore)
+	mem, inMemory := cfg.Store.(*MemoryStore)
 	l := &Limiter{
 		store:     cfg.Store,
+		mem:       mem,
 		clock:     cfg.Clock,
 		overrides: cfg.Overrides,
 		remote:    !inMemory,
@@ -442,6 +444,16 @@ type Decision struct {
 	Policies []PolicyDecision
 }
 
+// reset makes d the decision of a request no policy applies to, keeping
+// d.Policies' storage. (Field by field: assigning a Decision literal
+// builds it on the stack and copies it.)
+func (d *Decision) reset() {
+	d.Allowed = true
+	d.Delay = 0
+	d.Source = SourceNone
+	d.Policies = d.Policies[:0]
+}
+
 // RetryAfter is the time after which the rejected request could succeed:
 // the largest RetryAfter of the enforced policies that reject. 0 when
 // allowed.
@@ -518,7 +530,7 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 	if l.metrics != nil {
 		start = time.Now()
 	}
-	*d = Decision{Allowed: true, Source: SourceNone, Policies: d.Policies[:0]}
+	d.reset()
 	policies := *l.policies.Load()
 	var kinds [maxSubjects]SubjectKind
 	nk := 0
@@ -529,10 +541,12 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 	if n := (len(policies) + 63) / 64; n > len(matchedBuf) {
 		matched = make([]uint64, n)
 	}
+	nm := 0 // policies matched
 	for i, p := range policies {
 		if !p.Matches(req.Identity.Tier, req.Method, req.Path) {
 			continue
 		}
+		nm++
 		matched[i/64] |= 1 << (i % 64)
 		seen := false
 		for _, k := range kinds[:nk] {
@@ -548,10 +562,16 @@ func (l *Limiter) CheckInto(ctx context.Context, now time.Time, req Request, d *
 	}
 	// The request's policies, flattened: subjs[i] is the subject of
 	// pols[i], one subject's policies consecutive. Flat arrays (not a
-	// slice of groups) keep both on the stack.
-	var polBuf [16]*Policy
-	var subjBuf [16]Subject
+	// slice of groups) keep both on the stack: arrays of 4 for most
+	// requests, of 16 (zeroed only when needed: 640 bytes) beyond.
+	var polBuf [4]*Policy
+	var subjBuf [4]Subject
 	pols, subjs := polBuf[:0], subjBuf[:0]
+	if nm > len(polBuf) {
+		var polBuf16 [16]*Policy
+		var subjBuf16 [16]Subject
+		pols, subjs = polBuf16[:0], subjBuf16[:0]
+	}
 	for _, kind := range kinds[:nk] {
 		subj, ok := req.Identity.Subject(kind)
 		if !ok {
@@ -613,7 +633,7 @@ func (l *Limiter) CheckSubjectsInto(ctx context.Context, now time.Time, subjects
 	if l.metrics != nil {
 		start = time.Now()
 	}
-	*d = Decision{Allowed: true, Source: SourceNone, Policies: d.Policies[:0]}
+	d.reset()
 	pols, subjs, err := l.flatten(subjects, now, true)
 	if err != nil {
 		return err
@@ -667,10 +687,21 @@ func (l *Limiter) finish(ctx context.Context, now, start time.Time, pols []*Poli
 	if l.metrics != nil {
 		l.metrics.observe(d, time.Since(start))
 	}
-	if len(d.Policies) > 0 && l.sampler.sample() {
+	if len(d.Policies) > 0 && l.eventsEnabled() && l.sampler.sample() {
 		l.events.Emit(newEvent(now, req, d))
 	}
 	return nil
+}
+
+// eventsEnabled reports whether an event can go anywhere: false for the
+// default sink on a logger that drops Info records (the default discard
+// logger), so that neither the sampler's shared counter is touched nor an
+// event built (about 1.3 KB of allocations) for nothing. For any other
+// sink the sampler draws on every decision with policies, so its sequence
+// is the same as before.
+func (l *Limiter) eventsEnabled() bool {
+	s, ok := l.events.(SlogSink)
+	return !ok || (s.Logger != nil && s.Logger.Enabled(context.Background(), slog.LevelInfo))
 }
 
 // The raw paths below are not part of the public API: this module's
@@ -1005,8 +1036,8 @@ func (l *Limiter) evalAllDeadline(ctx context.Context, now time.Time, pols []*Po
 // evalAll decides the policies in one store call (no deadline) and
 // records the answers in d; count counts usage.
 func (l *Limiter) evalAll(ctx context.Context, now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision, count bool) (bool, error) {
-	if ms, ok := l.store.(*MemoryStore); ok {
-		return l.evalInMemory(ctx, ms, now, pols, subjs, req, d, count)
+	if l.mem != nil {
+		return l.evalInMemory(ctx, l.mem, now, pols, subjs, req, d, count)
 	}
 	return l.evalAllWith(ctx, now, pols, subjs, req, d, count, nil)
 }
@@ -1074,11 +1105,18 @@ func (l *Limiter) evalInMemory(ctx context.Context, ms *MemoryStore, now time.Ti
 	return allowed, nil
 }
 
-// buildOps appends the store operations of policies for req.
+// buildOps appends the store operations of policies for req, and as many
+// zero results. The ops are built in place (an op is 96 bytes) under one
+// region set: a concurrent SetRegions changes all of a request's ops or
+// none.
 func (l *Limiter) buildOps(ops []op, res []result, policies []*Policy, req *Request) ([]op, []result) {
-	for _, p := range policies {
-		ops = append(ops, l.opFor(p, costOf(p, req)))
-		res = append(res, result{})
+	rs := l.rset.Load()
+	n := len(ops)
+	ops = slices.Grow(ops, len(policies))[:n+len(policies)]
+	res = slices.Grow(res, len(policies))[:n+len(policies)]
+	for i, p := range policies {
+		fillOp(&ops[n+i], p, costOf(p, req), rs)
+		res[n+i] = result{}
 	}
 	return ops, res
 }
@@ -1098,17 +1136,18 @@ func (l *Limiter) record(d *Decision, pols []*Policy, subjs []Subject, ops []op,
 		if r.skipped {
 			continue
 		}
-		pd := PolicyDecision{
-			Policy:     p,
-			Subject:    subjs[i],
-			Allowed:    r.allowed,
-			Cost:       ops[i].cost,
-			Limit:      p.capacity(),
-			Remaining:  r.remaining,
-			ResetAfter: time.Duration(r.resetMs) * time.Millisecond,
-			Delay:      time.Duration(r.delayMs) * time.Millisecond,
-			Source:     SourceStore,
-		}
+		// Filled in place: a PolicyDecision is 136 bytes.
+		d.Policies = append(d.Policies, PolicyDecision{})
+		pd := &d.Policies[len(d.Policies)-1]
+		pd.Policy = p
+		pd.Subject = subjs[i]
+		pd.Allowed = r.allowed
+		pd.Cost = ops[i].cost
+		pd.Limit = p.capacity()
+		pd.Remaining = r.remaining
+		pd.ResetAfter = time.Duration(r.resetMs) * time.Millisecond
+		pd.Delay = time.Duration(r.delayMs) * time.Millisecond
+		pd.Source = SourceStore
 		if r.retryMs < 0 {
 			pd.Never = true
 			pd.RetryAfter = pd.ResetAfter
@@ -1118,7 +1157,6 @@ func (l *Limiter) record(d *Decision, pols []*Policy, subjs []Subject, ops []op,
 		if p.Mode == Enforce && pd.Delay > d.Delay {
 			d.Delay = pd.Delay
 		}
-		d.Policies = append(d.Policies, pd)
 	}
 	if !d.Allowed {
 		d.Delay = 0
@@ -1127,22 +1165,26 @@ func (l *Limiter) record(d *Decision, pols []*Policy, subjs []Subject, ops []op,
 
 // opFor builds the store operation of one policy.
 func (l *Limiter) opFor(p *Policy, cost int64) op {
-	o := op{
-		algo:     p.Algorithm,
-		enforce:  p.Mode == Enforce,
-		global:   p.Scope == ScopeGlobal,
-		cost:     cost,
-		rate:     p.rateMilli,
-		burst:    p.burstMilli,
-		limit:    p.Limit,
-		windowMs: p.WindowSec * 1000,
-		policy:   p.ID,
-	}
-	rs := l.rset.Load()
+	var o op
+	fillOp(&o, p, cost, l.rset.Load())
+	return o
+}
+
+// fillOp writes the store operation of one policy under the region set
+// rs into *o (all of it: *o may hold a previous request's op).
+func fillOp(o *op, p *Policy, cost int64, rs *regionState) {
+	*o = op{}
+	o.algo = p.Algorithm
+	o.enforce = p.Mode == Enforce
+	o.global = p.Scope == ScopeGlobal
+	o.cost = cost
+	o.rate, o.burst = p.rateMilli, p.burstMilli
+	o.limit = p.Limit
+	o.windowMs = p.WindowSec * 1000
+	o.policy = p.ID
 	o.region = rs.name
 	if o.global && o.algo.isBucket() && rs.n > 1 {
 		o.rate = max(1, o.rate/rs.n)
 		o.burst = max(1, o.burst/rs.n)
 	}
-	return o
 }

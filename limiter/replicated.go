@@ -135,7 +135,7 @@ func (m *MemoryStore) WindowCounts(now time.Time, subject Subject, policyID stri
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	wc := WindowCounts{Counts: map[string]int64{}, Cap: -1}
-	if subj := sh.subjects[subject]; subj != nil {
+	if subj := sh.get(subject); subj != nil {
 		if st := subj.lookup(policyID, "fg", now.UnixMilli(), m.keepExpired); st != nil {
 			wc.StartMs, wc.Cap = st.a, st.capv
 			for _, rc := range st.counts {
@@ -151,11 +151,7 @@ func (m *MemoryStore) mergeWindow(now time.Time, subject Subject, policyID strin
 	sh := m.shard(subject)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	subj := sh.subjects[subject]
-	if subj == nil {
-		subj = &memSubject{}
-		sh.subjects[subject] = subj
-	}
+	subj := sh.getOrCreate(subject)
 	st := state{a: windowStartMs, capv: -1}
 	if cur := subj.lookup(policyID, "fg", nowMs, m.keepExpired); cur != nil {
 		if windowStartMs < cur.a {
