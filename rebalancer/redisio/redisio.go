@@ -68,10 +68,10 @@ func NewLayoutSource(client redis.UniversalClient, layout limiter.UsageLayout) *
 // totals come with an error wrapping rebalancer.ErrUsageIncomplete: they
 // are a lower bound, and the driver collects them as such.
 //
-// Once the totals are read it deletes, with UNLINK, the usage hashes and
-// overflow marker of epoch-UnlinkLagEpochs (see UnlinkLagEpochs); a
-// deletion that fails is counted (UnlinkFailures), not an error: the
-// keys still expire by themselves.
+// Once the totals are read it deletes, with UNLINK, the big usage hashes
+// and the overflow marker of epoch-UnlinkLagEpochs (see UnlinkLagEpochs
+// and unlink); a deletion that fails is counted (UnlinkFailures), not an
+// error: the keys still expire by themselves.
 func (s *Source) Usage(ctx context.Context, epoch int64) ([]rebalancer.Usage, error) {
 	out, err := s.totals(ctx, epoch)
 	if err != nil {
