@@ -10,10 +10,11 @@
 //
 // What it does not do: it decides nothing (the rebalancer Core says what to
 // write and when records expire), keeps no state (but PressureSource's
-// counts of its last read and Source's lists of big hashes to unlink), starts no goroutines and logs nothing. Source
-// does not delete the usage it just read (deleting it would race with a
-// gateway's late flush; the Core collects an epoch only once, so reading
-// it again changes nothing); it unlinks the big usage hashes of the epoch
+// counts of its last read and Source's lists of big hashes to unlink),
+// starts no goroutines and logs nothing. Source does not delete the
+// usage it just read (deleting it would race with a gateway's late flush;
+// the Core collects an epoch only once, so reading it again changes
+// nothing); it unlinks the big usage hashes of the epoch
 // UnlinkLagEpochs before, which no gateway writes any more, so that
 // redis-server does not free a big usage hash in the foreground when it
 // expires (it remembers, per epoch read, which hashes were big; small
