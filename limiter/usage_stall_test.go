@@ -107,7 +107,9 @@ func TestCollectUsageRoundsAreBounded(t *testing.T) {
 	// A round of 400 fields costs redis-server about 0.3 ms
 	// (BenchmarkCollectUsageRounds); a round must stay well under 1 ms.
 	require.LessOrEqual(t, UsageScanRoundFields, 500, "fields asked for per round")
-	require.LessOrEqual(t, UsageScanRoundCommands, 128, "commands per round")
+	// A call on a missing or small hash costs about 1 µs: 256 of them
+	// stay well under 1 ms too.
+	require.LessOrEqual(t, UsageScanRoundCommands, 256, "commands per round")
 	for _, tc := range []struct {
 		name         string
 		keys, shards int
