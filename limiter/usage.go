@@ -413,7 +413,8 @@ const usageWideTrack = 1 << 14
 // 2^63-1 (the count fails, and its retry goes wide: no demand lost), and a
 // carry out of the admitted half moves 2^32 of admitted into one unit of
 // demand (demand over-reported by one, never under-reported; the
-// coordinator raises demand to admitted).
+// coordinator raises demand to admitted). A flush that fails leaves the
+// fields it could not confirm written wide for the rest of their epoch.
 //
 // Each write sets the hash to expire at the end of epoch E+TTLEpochs
 // (PEXPIREAT). The same pipeline marks the keys whose global policy
