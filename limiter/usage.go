@@ -863,7 +863,7 @@ func (c *usageCollector) collect(out []UsageTotal, fields []string, paged, split
 		}
 		policy, sk, ok := strings.Cut(rest, ":")
 		v, err := strconv.ParseInt(val, 10, 64)
-		if !ok || policy == "" || err != nil || v < 0 || !validSubjectKey(sk) {
+		if !ok || policy == "" || policy[0] == '#' || err != nil || v < 0 || !validSubjectKey(sk) {
 			c.bad = append(c.bad, field)
 			continue
 		}

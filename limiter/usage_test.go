@@ -236,8 +236,9 @@ func TestCollectUsageTotals(t *testing.T) {
 		require.Empty(t, failed)
 	}
 	// Split-layout fields in a packed hash, subjects that do not parse,
-	// a negative packed value and a wide field without a policy.
-	bad := []string{"x:g:k:a", "d:g", "d:g:k:a b", "d:g:z:a", "d:g:k:%4", "d:g:k:%41", "#d::k:a"}
+	// a negative packed value, a wide field without a policy and a field
+	// of an unknown kind.
+	bad := []string{"x:g:k:a", "d:g", "d:g:k:a b", "d:g:z:a", "d:g:k:%4", "d:g:k:%41", "#d::k:a", "#x:k:a"}
 	for _, f := range bad {
 		require.NoError(t, client.HSet(ctx, UsageKey(epoch, 0), f, 1).Err())
 	}
@@ -246,7 +247,7 @@ func TestCollectUsageTotals(t *testing.T) {
 
 	got, err := CollectUsageTotals(ctx, client, epoch, shards)
 	require.ErrorIs(t, err, ErrBadUsage)
-	assert.ErrorContains(t, err, `9 unparsable fields, first "#d::k:a"`)
+	assert.ErrorContains(t, err, `10 unparsable fields, first "#d::k:a"`)
 	assert.ElementsMatch(t, []UsageTotal{
 		{PolicyID: "g", SubjectKey: "k:a%20b%25", Demand: 8},
 		{PolicyID: "g", SubjectKey: "u:u1", Demand: 10, Admitted: 6},
