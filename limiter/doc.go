@@ -110,7 +110,7 @@
 // For scope "global" policies Check counts, per policy and subject, the
 // demand (every attempt, admitted or not, deny-cache and fallback answers
 // included) and the admitted cost; a UsageFlusher writes the counts every
-// second to the region's Redis (RedisUsageSink: hashes qu:{<epoch>:<shard>})
+// second to the region's Redis (RedisUsageSink: hashes qv:{<epoch>:<shard>})
 // and the coordinator reads one epoch's totals with CollectUsage.
 //
 // # Keys

@@ -132,7 +132,8 @@ func badPressure(epoch int64, bad []string) error {
 
 // CollectUsageDemand reads the demand counted so far in epoch for keys
 // (each "<policy id>:<subject key>", as in the pressure hash) from the
-// usage shards (HMGET of their d: fields, one pipeline), in the order of
+// usage hashes of the packed layout (HMGET of each key's packed and wide
+// demand fields, one pipeline), in the order of
 // keys; 0 for a key with no usage. shards is the gateways' usage shard
 // count (DefaultUsageShards when <= 0). An unreachable Redis is an error
 // wrapping ErrStoreUnavailable; a field that does not parse reads as 0 and
@@ -159,9 +160,9 @@ func CollectUsageDemand(ctx context.Context, client redis.UniversalClient, epoch
 	}
 	gets := make([]get, 0, len(byShard))
 	for sh, idx := range byShard {
-		fields := make([]string, len(idx))
-		for j, i := range idx {
-			fields[j] = "d:" + keys[i]
+		fields := make([]string, 0, 2*len(idx))
+		for _, i := range idx {
+			fields = append(fields, keys[i], usageWidePrefixDemand+keys[i])
 		}
 		gets = append(gets, get{idx: idx, cmd: pipe.HMGet(ctx, UsageKey(epoch, sh), fields...)})
 	}
@@ -177,10 +178,13 @@ func CollectUsageDemand(ctx context.Context, client redis.UniversalClient, epoch
 			}
 			n, err := strconv.ParseInt(s, 10, 64)
 			if err != nil || n < 0 {
-				bad = fmt.Errorf("%w: usage demand of epoch %d: field %q = %q", ErrBadUsage, epoch, "d:"+keys[g.idx[j]], s)
+				bad = fmt.Errorf("%w: usage demand of epoch %d: field %q = %q", ErrBadUsage, epoch, g.cmd.Args()[2+j], s)
 				continue
 			}
-			out[g.idx[j]] = n
+			if j%2 == 0 {
+				n >>= usagePackShift // the packed field's demand half
+			}
+			out[g.idx[j/2]] += n
 		}
 	}
 	return out, bad

@@ -69,8 +69,18 @@ type RegionSet struct {
 	Regions []string
 	// Epoch is the usage epoch (the coordinators' --epoch).
 	Epoch time.Duration
-	// UsageShards is the number of usage hashes per epoch.
+	// UsageShards is the number of usage hashes per epoch of the packed
+	// layout, which the gateways write (NewRedisUsageSink); 0 in a record
+	// of a coordinator of the previous release, which reads the split
+	// layout: the gateways then write that (NewSplitUsageSink with
+	// SplitShards), so gateways may be upgraded before their coordinator.
 	UsageShards int
+	// SplitShards is the split layout's shard count (record field
+	// usage_shards, the one gateways of the previous release follow): the
+	// coordinator still reads that layout with it, for a rolling upgrade;
+	// 0 when it does not (the record then has no usage_shards, and a
+	// gateway of the previous release keeps its flags).
+	SplitShards int
 }
 
 // ErrRegionSet is wrapped by the errors of RegionSet.Validate and
@@ -109,8 +119,12 @@ func (rs RegionSet) Validate() error {
 		return fmt.Errorf("%w: region %q is not one of regions %s", ErrRegionSet, rs.Region, strings.Join(rs.Regions, ","))
 	case rs.Epoch < time.Millisecond:
 		return fmt.Errorf("%w: epoch %v, want at least 1ms", ErrRegionSet, rs.Epoch)
-	case rs.UsageShards < 1:
-		return fmt.Errorf("%w: usage shards %d, want >= 1", ErrRegionSet, rs.UsageShards)
+	case rs.UsageShards < 0:
+		return fmt.Errorf("%w: usage shards %d, want >= 0", ErrRegionSet, rs.UsageShards)
+	case rs.SplitShards < 0:
+		return fmt.Errorf("%w: split usage shards %d, want >= 0", ErrRegionSet, rs.SplitShards)
+	case rs.UsageShards == 0 && rs.SplitShards == 0:
+		return fmt.Errorf("%w: no usage layout: usage shards and split usage shards both 0", ErrRegionSet)
 	}
 	if _, err := ParseRegionList(strings.Join(rs.Regions, ",")); err != nil {
 		return err
@@ -135,6 +149,11 @@ func (rs RegionSet) Differences(o RegionSet) []string {
 	if rs.UsageShards != o.UsageShards {
 		d = append(d, fmt.Sprintf("usage shards: %d vs %d", rs.UsageShards, o.UsageShards))
 	}
+	// The split layout's count matters to a gateway only when it writes
+	// that layout (no packed shards).
+	if (rs.UsageShards == 0 || o.UsageShards == 0) && rs.SplitShards != o.SplitShards {
+		d = append(d, fmt.Sprintf("split usage shards: %d vs %d", rs.SplitShards, o.SplitShards))
+	}
 	return d
 }
 
@@ -145,12 +164,24 @@ func WriteRegionSet(ctx context.Context, client redis.UniversalClient, rs Region
 	if err := rs.Validate(); err != nil {
 		return err
 	}
-	return client.HSet(ctx, RegionSetKey,
+	pipe := client.TxPipeline() // one key: one slot
+	pipe.HSet(ctx, RegionSetKey,
 		"region", rs.Region,
 		"regions", strings.Join(rs.Regions, ","),
 		"epoch_ms", rs.Epoch.Milliseconds(),
-		"usage_shards", rs.UsageShards,
-	).Err()
+	)
+	if rs.SplitShards > 0 {
+		pipe.HSet(ctx, RegionSetKey, "usage_shards", rs.SplitShards)
+	} else {
+		pipe.HDel(ctx, RegionSetKey, "usage_shards")
+	}
+	if rs.UsageShards > 0 {
+		pipe.HSet(ctx, RegionSetKey, "usage_packed_shards", rs.UsageShards)
+	} else {
+		pipe.HDel(ctx, RegionSetKey, "usage_packed_shards")
+	}
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 // ReadRegionSet reads what WriteRegionSet stored. It returns false and no
@@ -174,8 +205,17 @@ func ReadRegionSet(ctx context.Context, client redis.UniversalClient) (RegionSet
 		return RegionSet{}, false, fmt.Errorf("%w: %s epoch_ms %q", ErrRegionSet, RegionSetKey, m["epoch_ms"])
 	}
 	rs.Epoch = time.Duration(ms) * time.Millisecond
-	if rs.UsageShards, err = strconv.Atoi(m["usage_shards"]); err != nil {
-		return RegionSet{}, false, fmt.Errorf("%w: %s usage_shards %q", ErrRegionSet, RegionSetKey, m["usage_shards"])
+	for _, f := range []struct {
+		name string
+		to   *int
+	}{{"usage_shards", &rs.SplitShards}, {"usage_packed_shards", &rs.UsageShards}} {
+		v, ok := m[f.name]
+		if !ok {
+			continue // 0: the coordinator does not read (usage_shards) or write (usage_packed_shards) that layout
+		}
+		if *f.to, err = strconv.Atoi(v); err != nil {
+			return RegionSet{}, false, fmt.Errorf("%w: %s %s %q", ErrRegionSet, RegionSetKey, f.name, v)
+		}
 	}
 	if err := rs.Validate(); err != nil {
 		return RegionSet{}, false, fmt.Errorf("limiter: %s: %w", RegionSetKey, err)

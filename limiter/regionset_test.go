@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -71,4 +72,42 @@ func TestSetRegionsChangesTheDefaultShare(t *testing.T) {
 	assert.Equal(t, 20, admitted("b"), "burst 40 over 2 regions")
 	require.ErrorContains(t, l.SetRegions("eu", 0), "between 1 and 64")
 	require.ErrorContains(t, l.SetRegions("e u", 2), `region "e u"`)
+}
+
+// TestRegionSetUsageLayouts: the record states both usage layouts for a
+// rolling upgrade. A record as a coordinator of the previous release
+// wrote it (usage_shards only) reads as the split layout (UsageShards 0),
+// which a gateway then writes; a record of this release keeps
+// usage_shards for the previous release's gateways (the split count) and
+// adds usage_packed_shards; without a split count it has no usage_shards.
+func TestRegionSetUsageLayouts(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	ctx := context.Background()
+	require.NoError(t, c.HSet(ctx, RegionSetKey, "region", "eu", "regions", "eu,us", "epoch_ms", 10_000, "usage_shards", 16).Err())
+	got, ok, err := ReadRegionSet(ctx, c)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, RegionSet{Region: "eu", Regions: []string{"eu", "us"}, Epoch: 10 * time.Second, UsageShards: 0, SplitShards: 16}, got)
+
+	rs := RegionSet{Region: "eu", Regions: []string{"eu", "us"}, Epoch: 10 * time.Second, UsageShards: DefaultUsageShards, SplitShards: 16}
+	require.NoError(t, WriteRegionSet(ctx, c, rs))
+	fields, err := c.HGetAll(ctx, RegionSetKey).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "16", fields["usage_shards"], "what the previous release's gateways follow")
+	assert.Equal(t, strconv.Itoa(DefaultUsageShards), fields["usage_packed_shards"])
+	got, _, err = ReadRegionSet(ctx, c)
+	require.NoError(t, err)
+	assert.Equal(t, rs, got)
+	assert.Equal(t, []string{"usage shards: 16384 vs 0"}, got.Differences(RegionSet{Region: "eu", Regions: []string{"eu", "us"}, Epoch: 10 * time.Second, SplitShards: 16}))
+
+	rs.SplitShards = 0
+	require.NoError(t, WriteRegionSet(ctx, c, rs))
+	n, err := c.HExists(ctx, RegionSetKey, "usage_shards").Result()
+	require.NoError(t, err)
+	assert.False(t, n, "no split layout read: no usage_shards")
+	got, _, err = ReadRegionSet(ctx, c)
+	require.NoError(t, err)
+	assert.Equal(t, rs, got)
+
+	require.ErrorContains(t, WriteRegionSet(ctx, c, RegionSet{Region: "eu", Regions: []string{"eu"}, Epoch: time.Second}), "no usage layout")
 }

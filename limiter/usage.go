@@ -286,15 +286,48 @@ func UsageOverflowKey(epoch int64) string {
 	return "qo:{" + strconv.FormatInt(epoch, 10) + "}"
 }
 
-// UsageKey is the Redis key of one usage shard of one epoch:
-// "qu:{<epoch>:<shard>}". See RedisUsageSink for the layout.
+// UsageKey is the Redis key of one usage hash of one epoch in the packed
+// layout: "qv:{<epoch>:<shard>}". See RedisUsageSink for the layout.
 func UsageKey(epoch int64, shard int) string {
+	return "qv:{" + strconv.FormatInt(epoch, 10) + ":" + strconv.Itoa(shard) + "}"
+}
+
+// SplitUsageKey is the Redis key of one usage shard of one epoch in the
+// split layout of the previous release: "qu:{<epoch>:<shard>}", fields
+// d:<policy id>:<subject key> (demand) and a:<policy id>:<subject key>
+// (admitted). Gateways of that release write it (NewSplitUsageSink writes
+// it too, for a coordinator of that release); CollectUsageLayout reads it
+// beside the packed layout during a rolling upgrade.
+func SplitUsageKey(epoch int64, shard int) string {
 	return "qu:{" + strconv.FormatInt(epoch, 10) + ":" + strconv.Itoa(shard) + "}"
 }
 
-// usageShard is the shard of a (policy, subject key) pair: FNV-1a (64 bit)
-// of "<policy>:<subject key>" modulo shards, the same in every gateway.
+// usageShard is the packed layout's hash of a (policy, subject key) pair:
+// FNV-1a (64 bit) of "<policy>:<subject key>", mixed by MurmurHash3's
+// 64-bit finalizer, modulo shards; the same in every gateway. The mixing
+// matters: the low bits of FNV-1a depend only on the low bits of the
+// bytes, so keys that differ in a few digits ("key-0000001", ...) filled
+// only 2,136 of 16,384 hashes at 10,000 keys, and 15,900 at 100,000, and
+// the fuller hashes passed the listpack limit.
 func usageShard(policy, subjectKey string, shards int) int {
+	h := usageFNV(policy, subjectKey)
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return int(h % uint64(shards))
+}
+
+// usageSplitShard is the split layout's shard of a (policy, subject key)
+// pair, as the previous release computes it: FNV-1a (64 bit) of
+// "<policy>:<subject key>" modulo shards.
+func usageSplitShard(policy, subjectKey string, shards int) int {
+	return int(usageFNV(policy, subjectKey) % uint64(shards))
+}
+
+// usageFNV is FNV-1a (64 bit) of "<policy>:<subject key>".
+func usageFNV(policy, subjectKey string) uint64 {
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(policy); i++ {
 		h = (h ^ uint64(policy[i])) * 1099511628211
@@ -303,47 +336,121 @@ func usageShard(policy, subjectKey string, shards int) int {
 	for i := 0; i < len(subjectKey); i++ {
 		h = (h ^ uint64(subjectKey[i])) * 1099511628211
 	}
-	return int(h % uint64(shards))
+	return h
 }
+
+// The packed encoding of a usage field: value = demand<<usagePackShift +
+// admitted, so that one HINCRBY adds both. Bounds (see RedisUsageSink):
+//
+//   - a count is written packed only when its demand and admitted are each
+//     in [0, usagePackIncMax); otherwise, and once the key's field in that
+//     epoch is known to be near its bounds, it goes to the wide fields;
+//   - a sink stops adding packed increments to a field (for its epoch) once
+//     an increment's reply shows demand >= usagePackDemandStop or admitted
+//     >= usagePackAdmittedStop, or once a packed increment's outcome is
+//     unknown (any error).
+const (
+	usagePackShift        = 32
+	usagePackMask         = 1<<usagePackShift - 1
+	usagePackIncMax       = 1 << 18
+	usagePackDemandStop   = 1 << 30
+	usagePackAdmittedStop = 1 << 31
+)
+
+// usageWidePrefixDemand and usageWidePrefixAdmitted begin the wide fields
+// of the packed layout. '#' is not a policy id byte, so a wide field never
+// reads as a packed one.
+const (
+	usageWidePrefixDemand   = "#d:"
+	usageWidePrefixAdmitted = "#a:"
+)
+
+// usageWideTrack bounds the fields per epoch a sink remembers as wide;
+// beyond it, every count of that epoch is written wide (correct, larger).
+const usageWideTrack = 1 << 14
 
 // RedisUsageSink writes usage counts to the region's Redis (standalone or
 // cluster), where the coordinator collects one epoch's totals with
-// CollectUsage. Layout, per epoch E (floor(unix_ms / epoch_ms)) and shard S
-// in [0, Shards):
+// CollectUsage. The packed layout (NewRedisUsageSink), per epoch E
+// (floor(unix_ms / epoch_ms)) and shard S in [0, Shards):
 //
-//	key   qu:{E:S}                      a hash; the hash tag spreads the
-//	                                    shards of one epoch over cluster slots
-//	field d:<policy id>:<subject key>   demand, cost units (HINCRBY)
-//	field a:<policy id>:<subject key>   admitted cost, cost units (HINCRBY)
+//	key   qv:{E:S}                 a hash; the hash tag spreads the shards
+//	                               of one epoch over cluster slots
+//	field <policy id>:<subject key>
+//	                               demand<<32 + admitted, cost units
+//	                               (one HINCRBY adds both)
+//	field #d:<policy id>:<subject key>, #a:<policy id>:<subject key>
+//	                               wide fields: demand and admitted of the
+//	                               counts too big to pack (rare; below)
 //
-// The subject key is Subject.Key() (kind prefix and escaped value; decode it
-// with ParseSubjectKey); policy ids never contain ':', so a field splits at
-// its second ':'. The shard of a pair is FNV-1a-64("<policy>:<subject
-// key>") mod Shards. Every gateway of the region adds to the same fields,
-// so a field holds the region's total. Each write sets the key to expire at
-// the end of epoch E+TTLEpochs (PEXPIREAT). The same pipeline marks the
-// keys whose global policy rejected some of the flushed cost (demand >
-// admitted) in the epoch's pressure hash (UsagePressureKey). One flush is one pipeline
-// (go-redis splits it per cluster node); commands that failed are returned
-// and retried on the next tick. A command that timed out after Redis
-// applied it is counted twice on retry: usage is at-least-once, which demand
+// The subject key is Subject.Key() (kind prefix and escaped value; decode
+// it with ParseSubjectKey); policy ids never contain ':' or '#', so a
+// field splits at its first ':' and a wide field is told by its '#'. The
+// shard of a pair is FNV-1a-64("<policy>:<subject key>"), mixed by
+// MurmurHash3's finalizer, mod Shards, so every field of a key is in one hash (usageShard). Every gateway of the region adds to
+// the same fields, so a field holds the region's total. Memory: a hash of
+// at most hash-max-listpack-entries (128 by default in Redis 7) fields of
+// at most hash-max-listpack-value (64) bytes stays listpack-encoded, some
+// 27 bytes a key with a 15-byte field (a 10-byte integer entry); Shards
+// should be about the active keys per epoch over 64 (DefaultUsageShards,
+// 16,384, fits 100,000 to about 1.5 million keys; see the README's
+// coordinator scaling section). A hash past either limit (more keys, or a
+// subject key longer than about 60 bytes) is hashtable-encoded, about 80
+// bytes a field: still correct, and read in pages all the same.
+//
+// Packing bounds. A count is packed only with demand and admitted each in
+// [0, 2^18); a bigger one is written to the wide fields (two HINCRBY). A
+// sink remembers, per epoch, the fields whose packed increment replied
+// demand >= 2^30 or admitted >= 2^31, or failed (outcome unknown), and
+// writes their later counts wide. Since a UsageFlusher has one WriteUsage
+// in flight at a time and a flush holds one count per key, each of the G
+// sinks writing a region's epoch (a restarted gateway's is another) adds
+// at most one packed increment to a field after the field crosses a stop
+// value: the field's packed demand stays below 2^30 + (G+1)*2^18 and its
+// admitted below 2^31 + (G+1)*2^18. So with G <= 8,190 the admitted half
+// never carries into the demand half, and with G <= 4,094 the value stays
+// below 2^63. Past those: HINCRBY refuses an increment that would pass
+// 2^63-1 (the count fails, and its retry goes wide: no demand lost), and a
+// carry out of the admitted half moves 2^32 of admitted into one unit of
+// demand (demand over-reported by one, never under-reported; the
+// coordinator raises demand to admitted). A flush that fails leaves the
+// fields it could not confirm written wide for the rest of their epoch.
+//
+// Each write sets the hash to expire at the end of epoch E+TTLEpochs
+// (PEXPIREAT). The same pipeline marks the keys whose global policy
+// rejected some of the flushed cost (demand > admitted) in the epoch's
+// pressure hash (UsagePressureKey). One flush is one pipeline (go-redis
+// splits it per cluster node); commands that failed are returned and
+// retried on the next tick. A command that timed out after Redis applied
+// it is counted twice on retry: usage is at-least-once, which demand
 // estimates tolerate.
 //
 // It is safe for concurrent use.
 type RedisUsageSink struct {
 	client    redis.UniversalClient
 	shards    int
+	split     bool // the split layout (NewSplitUsageSink)
 	epochMs   int64
 	ttlEpochs int64
+
+	mu      sync.Mutex
+	wide    map[int64]map[string]struct{} // by epoch: fields written wide from now on
+	wideAll map[int64]bool                // epochs whose every count is written wide
 }
 
-// DefaultUsageShards is the default number of shard hashes per epoch.
-const DefaultUsageShards = 16
+// DefaultUsageShards is the default number of usage hashes per epoch of
+// the packed layout: listpack-encoded hashes (at most 128 fields each)
+// from about 100,000 to 1.5 million active keys.
+const DefaultUsageShards = 16384
 
-// NewRedisUsageSink returns a sink on client (owned by the caller) with
-// shards hashes per epoch (DefaultUsageShards when <= 0), epochs of epoch
-// (the limiter's UsageEpoch) and keys living ttlEpochs epochs after theirs
-// ends (3 when <= 0).
+// DefaultSplitUsageShards is the shard count of the split layout of the
+// previous release (its --usage-shards default).
+const DefaultSplitUsageShards = 16
+
+// NewRedisUsageSink returns a sink of the packed layout on client (owned
+// by the caller) with shards hashes per epoch (DefaultUsageShards when <=
+// 0), epochs of epoch (the limiter's UsageEpoch) and keys living ttlEpochs
+// epochs after theirs ends (3 when <= 0).
 func NewRedisUsageSink(client redis.UniversalClient, shards int, epoch time.Duration, ttlEpochs int) *RedisUsageSink {
 	if shards <= 0 {
 		shards = DefaultUsageShards
@@ -351,7 +458,59 @@ func NewRedisUsageSink(client redis.UniversalClient, shards int, epoch time.Dura
 	if ttlEpochs <= 0 {
 		ttlEpochs = 3
 	}
-	return &RedisUsageSink{client: client, shards: shards, epochMs: max(1, epoch.Milliseconds()), ttlEpochs: int64(ttlEpochs)}
+	return &RedisUsageSink{client: client, shards: shards, epochMs: max(1, epoch.Milliseconds()), ttlEpochs: int64(ttlEpochs),
+		wide: map[int64]map[string]struct{}{}, wideAll: map[int64]bool{}}
+}
+
+// NewSplitUsageSink is NewRedisUsageSink for the split layout of the
+// previous release (SplitUsageKey; shards DefaultSplitUsageShards when <=
+// 0), which a coordinator of that release reads: a gateway writes it
+// while its region's coordinator has not announced the packed layout
+// (RegionSet.UsageShards 0).
+func NewSplitUsageSink(client redis.UniversalClient, shards int, epoch time.Duration, ttlEpochs int) *RedisUsageSink {
+	if shards <= 0 {
+		shards = DefaultSplitUsageShards
+	}
+	s := NewRedisUsageSink(client, shards, epoch, ttlEpochs)
+	s.split = true
+	return s
+}
+
+// isWide reports whether field's counts of epoch are written wide.
+func (s *RedisUsageSink) isWide(epoch int64, field string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.wideAll[epoch] {
+		return true
+	}
+	_, ok := s.wide[epoch][field]
+	return ok
+}
+
+// markWide makes field's later counts of epoch go wide.
+func (s *RedisUsageSink) markWide(epoch int64, field string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.wide[epoch]
+	if m == nil {
+		for e := range s.wide {
+			if e <= epoch-usageOverflowEpochs {
+				delete(s.wide, e)
+			}
+		}
+		for e := range s.wideAll {
+			if e <= epoch-usageOverflowEpochs {
+				delete(s.wideAll, e)
+			}
+		}
+		m = map[string]struct{}{}
+		s.wide[epoch] = m
+	}
+	if len(m) >= usageWideTrack {
+		s.wideAll[epoch] = true
+		return
+	}
+	m[field] = struct{}{}
 }
 
 // WriteUsage implements UsageSink.
@@ -360,9 +519,11 @@ func (s *RedisUsageSink) WriteUsage(ctx context.Context, counts []UsageCount) ([
 		return nil, nil
 	}
 	type pending struct {
-		count      UsageCount
-		cmds       []*redis.IntCmd
-		expireKeys []*redis.BoolCmd
+		count  UsageCount
+		field  string        // "<policy>:<subject key>"
+		packed *redis.IntCmd // the packed increment, or nil
+		d, a   *redis.IntCmd // the wide (or split) increments, when not packed
+		expire *redis.BoolCmd
 	}
 	pipe := s.client.Pipeline()
 	items := make([]pending, len(counts))
@@ -373,56 +534,79 @@ func (s *RedisUsageSink) WriteUsage(ctx context.Context, counts []UsageCount) ([
 	s.markPressure(ctx, pipe, counts)
 	for i, c := range counts {
 		sk := c.Subject.Key()
-		key := UsageKey(c.Epoch, usageShard(c.PolicyID, sk, s.shards))
-		it := pending{count: c}
-		if c.Demand != 0 {
-			it.cmds = append(it.cmds, pipe.HIncrBy(ctx, key, "d:"+c.PolicyID+":"+sk, c.Demand))
+		sh := usageShard(c.PolicyID, sk, s.shards)
+		it := pending{count: c, field: c.PolicyID + ":" + sk}
+		var key, dField, aField string
+		switch {
+		case s.split:
+			sh = usageSplitShard(c.PolicyID, sk, s.shards)
+			key, dField, aField = SplitUsageKey(c.Epoch, sh), "d:"+it.field, "a:"+it.field
+		case c.Demand >= 0 && c.Demand < usagePackIncMax && c.Admitted >= 0 && c.Admitted < usagePackIncMax && !s.isWide(c.Epoch, it.field):
+			key = UsageKey(c.Epoch, sh)
+			it.packed = pipe.HIncrBy(ctx, key, it.field, c.Demand<<usagePackShift+c.Admitted)
+		default:
+			key, dField, aField = UsageKey(c.Epoch, sh), usageWidePrefixDemand+it.field, usageWidePrefixAdmitted+it.field
 		}
-		if c.Admitted != 0 {
-			it.cmds = append(it.cmds, pipe.HIncrBy(ctx, key, "a:"+c.PolicyID+":"+sk, c.Admitted))
+		if it.packed == nil {
+			if c.Demand != 0 {
+				it.d = pipe.HIncrBy(ctx, key, dField, c.Demand)
+			}
+			if c.Admitted != 0 {
+				it.a = pipe.HIncrBy(ctx, key, aField, c.Admitted)
+			}
 		}
 		if !expired[key] {
 			expired[key] = true
 			at := time.UnixMilli((c.Epoch + 1 + s.ttlEpochs) * s.epochMs)
-			it.expireKeys = append(it.expireKeys, pipe.PExpireAt(ctx, key, at))
+			it.expire = pipe.PExpireAt(ctx, key, at)
 		}
 		items[i] = it
 	}
 	_, execErr := pipe.Exec(ctx)
-	if execErr == nil {
-		return nil, nil
-	}
 	var failed []UsageCount
 	var firstErr error
 	for _, it := range items {
-		// Retry only the halves that failed, so a success is not repeated.
 		c := it.count
-		c.Demand, c.Admitted = 0, 0
-		ci := 0
-		if it.count.Demand != 0 {
-			if err := it.cmds[ci].Err(); err != nil {
-				c.Demand = it.count.Demand
+		if it.packed != nil {
+			v, err := it.packed.Result()
+			switch {
+			case err != nil:
+				// The outcome is unknown (or the field is full): the
+				// retry, and every later count of the field in this
+				// epoch, goes wide.
+				s.markWide(c.Epoch, it.field)
+				failed = append(failed, c)
+				firstErr = firstOf(firstErr, err)
+			case v>>usagePackShift >= usagePackDemandStop || v&usagePackMask >= usagePackAdmittedStop:
+				s.markWide(c.Epoch, it.field)
+			}
+		} else if execErr != nil {
+			// Retry only the halves that failed, so a success is not repeated.
+			c.Demand, c.Admitted = 0, 0
+			if it.d != nil {
+				if err := it.d.Err(); err != nil {
+					c.Demand = it.count.Demand
+					firstErr = firstOf(firstErr, err)
+				}
+			}
+			if it.a != nil {
+				if err := it.a.Err(); err != nil {
+					c.Admitted = it.count.Admitted
+					firstErr = firstOf(firstErr, err)
+				}
+			}
+			if c.Demand != 0 || c.Admitted != 0 {
+				failed = append(failed, c)
+			}
+		}
+		if it.expire != nil {
+			if err := it.expire.Err(); err != nil {
 				firstErr = firstOf(firstErr, err)
 			}
-			ci++
-		}
-		if it.count.Admitted != 0 {
-			if err := it.cmds[ci].Err(); err != nil {
-				c.Admitted = it.count.Admitted
-				firstErr = firstOf(firstErr, err)
-			}
-		}
-		for _, e := range it.expireKeys {
-			if err := e.Err(); err != nil {
-				firstErr = firstOf(firstErr, err)
-			}
-		}
-		if c.Demand != 0 || c.Admitted != 0 {
-			failed = append(failed, c)
 		}
 	}
 	if firstErr == nil {
-		// Only pressure marks failed: the counts are written.
+		// Nothing failed, or only pressure marks: the counts are written.
 		return nil, nil
 	}
 	return failed, fmt.Errorf("%w: usage flush: %v", ErrStoreUnavailable, firstErr)
@@ -488,13 +672,13 @@ func firstOf(first, err error) error {
 }
 
 // CollectUsage reads one epoch's usage totals from the region's Redis, as
-// the gateways' RedisUsageSink wrote them with the same shard count: every
-// shard hash qu:{epoch:S} for S in [0, shards), merged per (policy,
-// subject), sorted by policy then subject. Fields it cannot parse are
-// skipped and reported in the error (wrapping ErrBadUsage) along with the
-// totals it could read. It does not delete anything: keys expire on their
-// own. Safe for concurrent use. CollectUsageTotals does the same without
-// decoding subjects, for callers that only need the subject key.
+// the gateways' RedisUsageSink wrote them in the packed layout with the
+// same shard count: every hash qv:{epoch:S} for S in [0, shards), merged
+// per (policy, subject), sorted by policy then subject. Fields it cannot
+// parse are skipped and reported in the error (wrapping ErrBadUsage) along
+// with the totals it could read. It does not delete anything: keys expire
+// on their own. Safe for concurrent use. CollectUsageTotals does the same
+// without decoding subjects, for callers that only need the subject key.
 func CollectUsage(ctx context.Context, client redis.UniversalClient, epoch int64, shards int) ([]UsageCount, error) {
 	totals, err := CollectUsageTotals(ctx, client, epoch, shards)
 	if totals == nil {
@@ -524,134 +708,273 @@ type UsageTotal struct {
 	Admitted int64
 }
 
+// UsageLayout names the usage hashes of a region that a collection reads.
+type UsageLayout struct {
+	// Shards is the packed layout's hashes per epoch (UsageKey; the
+	// gateways' RedisUsageSink shards). DefaultUsageShards when <= 0.
+	Shards int
+	// SplitShards, when > 0, is the split layout's shards per epoch
+	// (SplitUsageKey), also read and added in: the gateways of the
+	// previous release write it, and the coordinator reads both layouts
+	// for one release so that gateways and coordinators can be upgraded
+	// in any order.
+	SplitShards int
+}
+
 // CollectUsageTotals is CollectUsage without decoding subjects or
 // sorting: the totals of one epoch per (policy, subject key), in no
 // particular order (sorting 100,000 totals costs more than reading them),
-// every subject key checked as ParseSubjectKey checks it. Entries of one policy share one PolicyID string. Fields it
-// cannot parse are skipped and reported in the error (wrapping
-// ErrBadUsage) along with the totals it could read; an unreachable Redis
-// is an error wrapping ErrStoreUnavailable and no totals. Safe for
-// concurrent use.
+// every subject key checked as ParseSubjectKey checks it. Entries of one
+// policy share one PolicyID string. Fields it cannot parse are skipped and
+// reported in the error (wrapping ErrBadUsage) along with the totals it
+// could read; an unreachable Redis is an error wrapping
+// ErrStoreUnavailable and no totals. Safe for concurrent use. It reads the
+// packed layout only: CollectUsageLayout(ctx, client, epoch,
+// UsageLayout{Shards: shards}).
 func CollectUsageTotals(ctx context.Context, client redis.UniversalClient, epoch int64, shards int) ([]UsageTotal, error) {
-	if shards <= 0 {
-		shards = DefaultUsageShards
+	return CollectUsageLayout(ctx, client, epoch, UsageLayout{Shards: shards})
+}
+
+// CollectUsageLayout is CollectUsageTotals over the hashes of layout: the
+// packed layout's, and the split layout's when layout.SplitShards > 0; a
+// key found in both is one total, their sum.
+//
+// Every hash is read with HSCAN of COUNT UsageScanCount: a listpack-encoded
+// hash (at most 128 fields) whole in one call, a hashtable-encoded one in
+// pages. The calls of one round trip (one pipeline) are sized to ask for
+// about UsageScanRoundFields fields (from the fields per hash of the
+// hashes read so far; a hash still being paged counts UsageScanCount) and
+// at most UsageScanRoundCommands calls: no command and no round runs long
+// on redis-server (an HGETALL of a 125,000-field hash held it for about 50
+// ms, every gateway of the region missing its deadline meanwhile; and
+// redis-server runs the commands of one pipeline that arrive in one read
+// back to back). HSCAN may return a field twice (a rehash between calls);
+// values are totals, so a repeated field is taken once.
+func CollectUsageLayout(ctx context.Context, client redis.UniversalClient, epoch int64, layout UsageLayout) ([]UsageTotal, error) {
+	r, err := CollectUsageRead(ctx, client, epoch, layout)
+	return r.Totals, err
+}
+
+// UsageRead is what CollectUsageRead read of one epoch.
+type UsageRead struct {
+	// Totals are the epoch's totals, as CollectUsageLayout returns them.
+	Totals []UsageTotal
+	// Big are the keys of the hashes read that hold more than a listpack
+	// (128 fields) or took more than one HSCAN call: the ones whose
+	// expiry would cost redis-server's main thread more than a few µs
+	// (see redisio.UnlinkLagEpochs), which a coordinator unlinks instead.
+	Big []string
+}
+
+// CollectUsageRead is CollectUsageLayout that also says which hashes were
+// big (UsageRead.Big).
+func CollectUsageRead(ctx context.Context, client redis.UniversalClient, epoch int64, layout UsageLayout) (UsageRead, error) {
+	if layout.Shards <= 0 {
+		layout.Shards = DefaultUsageShards
 	}
-	// Every shard is read with HSCAN, a bounded slice at a time, at most
-	// UsageScanPipeline shards advancing together in one pipeline per
-	// round: no command runs long on redis-server (an HGETALL of a
-	// 125,000-field hash held it for about 50 ms, every gateway of the
-	// region missing its deadline meanwhile), and no round either:
-	// redis-server runs the commands of one pipeline that arrive in one
-	// read back to back, so a round of 16 pages of 250 fields held the
-	// gateways' commands for about 3 ms.
-	// HSCAN may return a field twice (a rehash between calls); values are
-	// totals, so a repeated field is taken once.
-	type shard struct {
-		key    string
-		cursor uint64
-		fields []string // field, value, field, value, ...
+	keys := make([]string, 0, layout.Shards+max(0, layout.SplitShards))
+	for s := range layout.Shards {
+		keys = append(keys, UsageKey(epoch, s))
 	}
-	sh := make([]shard, shards)
-	for s := range sh {
-		sh[s].key = UsageKey(epoch, s)
+	for s := range max(0, layout.SplitShards) {
+		keys = append(keys, SplitUsageKey(epoch, s))
 	}
-	active := make([]int, 0, UsageScanPipeline) // shards being read
-	next := 0                                   // the next shard to start
-	cmds := make([]*redis.ScanCmd, 0, UsageScanPipeline)
-	for {
-		for len(active) < UsageScanPipeline && next < shards {
-			active = append(active, next)
-			next++
+	c := usageCollector{policies: map[string]string{}, index: map[string]int{}, seen: map[string]struct{}{}}
+	// Split fields are merged into a map of every key's total only when
+	// there are some (a rolling upgrade): the packed layout holds all of
+	// a key's fields in one hash, so merging it per hash is enough.
+	var split []UsageTotal
+	var big []string
+	err := scanUsageHashes(ctx, client, keys, func(i int, fields []string, paged bool) {
+		if paged || len(fields)/2 > usageListpackEntries {
+			big = append(big, keys[i])
 		}
-		if len(active) == 0 {
-			break
+		if i < layout.Shards {
+			c.out = c.collect(c.out, fields, paged, false)
+		} else {
+			split = c.collect(split, fields, paged, true)
+		}
+	})
+	if err != nil {
+		return UsageRead{}, fmt.Errorf("%w: collect usage of epoch %d: %v", ErrStoreUnavailable, epoch, err)
+	}
+	out := c.out
+	if len(split) > 0 {
+		at := make(map[string]int, len(out))
+		for i, t := range out {
+			at[t.PolicyID+":"+t.SubjectKey] = i
+		}
+		for _, t := range split {
+			if i, ok := at[t.PolicyID+":"+t.SubjectKey]; ok {
+				out[i].Demand += t.Demand
+				out[i].Admitted += t.Admitted
+				continue
+			}
+			out = append(out, t)
+		}
+	}
+	if len(c.bad) > 0 {
+		slices.Sort(c.bad)
+		return UsageRead{Totals: out, Big: big}, fmt.Errorf("%w: epoch %d: %d unparsable fields, first %q", ErrBadUsage, epoch, len(c.bad), c.bad[0])
+	}
+	return UsageRead{Totals: out, Big: big}, nil
+}
+
+// usageListpackEntries is redis-server 7.0's default
+// hash-max-listpack-entries: a hash of more fields is hashtable-encoded.
+const usageListpackEntries = 128
+
+// usageCollector parses usage hashes into totals.
+type usageCollector struct {
+	out      []UsageTotal
+	policies map[string]string // one string per policy id
+	index    map[string]int    // "<policy>:<subject key>" -> index, of the hash being parsed
+	seen     map[string]struct{}
+	bad      []string
+}
+
+// collect parses the fields (field, value, ...) of one hash and appends
+// its totals to out: a hash's fields of one key are merged (each key's
+// fields are all in one hash of a layout). paged says the hash took
+// several HSCAN calls (a field may then repeat). split selects the split
+// layout's fields (d:/a:) instead of the packed layout's.
+func (c *usageCollector) collect(out []UsageTotal, fields []string, paged, split bool) []UsageTotal {
+	clear(c.index)
+	clear(c.seen)
+	for j := 0; j+1 < len(fields); j += 2 {
+		field, val := fields[j], fields[j+1]
+		if paged {
+			if _, dup := c.seen[field]; dup {
+				continue
+			}
+			c.seen[field] = struct{}{}
+		}
+		rest, kind := field, byte('p') // packed
+		switch {
+		case split && len(field) > 2 && (field[0] == 'd' || field[0] == 'a') && field[1] == ':':
+			rest, kind = field[2:], field[0]
+		case split:
+			c.bad = append(c.bad, field)
+			continue
+		case strings.HasPrefix(field, usageWidePrefixDemand):
+			rest, kind = field[len(usageWidePrefixDemand):], 'd'
+		case strings.HasPrefix(field, usageWidePrefixAdmitted):
+			rest, kind = field[len(usageWidePrefixAdmitted):], 'a'
+		}
+		policy, sk, ok := strings.Cut(rest, ":")
+		v, err := strconv.ParseInt(val, 10, 64)
+		if !ok || policy == "" || policy[0] == '#' || err != nil || v < 0 || !validSubjectKey(sk) {
+			c.bad = append(c.bad, field)
+			continue
+		}
+		i, ok := c.index[rest]
+		if !ok {
+			p, ok := c.policies[policy]
+			if !ok {
+				p = policy
+				c.policies[policy] = p
+			}
+			i = len(out)
+			c.index[rest] = i
+			out = append(out, UsageTotal{PolicyID: p, SubjectKey: sk})
+		}
+		switch kind {
+		case 'p':
+			out[i].Demand += v >> usagePackShift
+			out[i].Admitted += v & usagePackMask
+		case 'd':
+			out[i].Demand += v
+		default:
+			out[i].Admitted += v
+		}
+	}
+	return out
+}
+
+// scanUsageHashes reads every hash of keys with HSCAN in bounded rounds
+// (see CollectUsageLayout) and calls done with each hash's index in keys,
+// its fields and values, and whether it took more than one call, once the
+// hash is read to its end (a missing hash is read as empty). It returns
+// the first Redis error.
+func scanUsageHashes(ctx context.Context, client redis.UniversalClient, keys []string, done func(i int, fields []string, paged bool)) error {
+	type hash struct {
+		i      int
+		cursor uint64
+		fields []string
+		calls  int
+	}
+	var active []*hash // being paged (cursor != 0)
+	next := 0
+	readHashes, readFields := 0, 0
+	cmds := make([]*redis.ScanCmd, 0, UsageScanRoundCommands)
+	round := make([]*hash, 0, UsageScanRoundCommands)
+	for len(active) > 0 || next < len(keys) {
+		round = round[:0]
+		asked := 0
+		for _, h := range active {
+			if len(round) == UsageScanRoundCommands {
+				break
+			}
+			round = append(round, h)
+			asked += UsageScanCount
+		}
+		// The fields a new hash is expected to hold: the mean of the
+		// hashes read so far, UsageScanCount before any.
+		est := UsageScanCount
+		if readHashes > 0 {
+			est = (readFields + readHashes - 1) / readHashes
+		}
+		for next < len(keys) && len(round) < UsageScanRoundCommands && (len(round) == 0 || asked+est <= UsageScanRoundFields) {
+			round = append(round, &hash{i: next})
+			asked += est
+			next++
 		}
 		pipe := client.Pipeline()
 		cmds = cmds[:0]
-		for _, s := range active {
-			cmds = append(cmds, pipe.HScan(ctx, sh[s].key, sh[s].cursor, "", UsageScanCount))
+		for _, h := range round {
+			cmds = append(cmds, pipe.HScan(ctx, keys[h.i], h.cursor, "", UsageScanCount))
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("%w: collect usage of epoch %d: %v", ErrStoreUnavailable, epoch, err)
+			return err
 		}
-		still := active[:0]
-		for i, cmd := range cmds {
-			s := active[i]
+		active = active[:0]
+		for j, cmd := range cmds {
+			h := round[j]
 			page, cursor := cmd.Val()
-			sh[s].fields = append(sh[s].fields, page...)
-			sh[s].cursor = cursor
+			h.fields = append(h.fields, page...)
+			h.cursor = cursor
+			h.calls++
 			if cursor != 0 {
-				still = append(still, s)
-			}
-		}
-		active = still
-	}
-	n := 0
-	for _, s := range sh {
-		n += len(s.fields) / 2
-	}
-	// Both fields of a (policy, subject) pair are in the same shard hash:
-	// merge per shard, on "<policy>:<subject key>" (the field after its
-	// kind), and share one string per policy id.
-	out := make([]UsageTotal, 0, n/2+1)
-	index := make(map[string]int, n/shards+1)
-	seen := make(map[string]struct{}, n/shards+1)
-	policies := map[string]string{}
-	var bad []string
-	for _, s := range sh {
-		clear(index)
-		clear(seen)
-		for j := 0; j+1 < len(s.fields); j += 2 {
-			field, val := s.fields[j], s.fields[j+1]
-			if _, dup := seen[field]; dup {
+				active = append(active, h)
 				continue
 			}
-			seen[field] = struct{}{}
-			kind, rest, ok1 := strings.Cut(field, ":")
-			policy, sk, ok2 := strings.Cut(rest, ":")
-			v, err := strconv.ParseInt(val, 10, 64)
-			if !ok1 || !ok2 || (kind != "d" && kind != "a") || err != nil || !validSubjectKey(sk) {
-				bad = append(bad, field)
-				continue
-			}
-			i, ok := index[rest]
-			if !ok {
-				p, ok := policies[policy]
-				if !ok {
-					p = policy
-					policies[policy] = p
-				}
-				i = len(out)
-				index[rest] = i
-				out = append(out, UsageTotal{PolicyID: p, SubjectKey: sk})
-			}
-			if kind == "d" {
-				out[i].Demand += v
-			} else {
-				out[i].Admitted += v
-			}
+			readHashes++
+			readFields += len(h.fields) / 2
+			done(h.i, h.fields, h.calls > 1)
 		}
 	}
-	if len(bad) > 0 {
-		slices.Sort(bad)
-		return out, fmt.Errorf("%w: epoch %d: %d unparsable fields, first %q", ErrBadUsage, epoch, len(bad), bad[0])
-	}
-	return out, nil
+	return nil
 }
 
 // UsageScanCount is the COUNT hint of the HSCAN calls with which
-// CollectUsageTotals reads a usage shard: about this many fields per call
-// (HSCAN visits this many buckets of the hash table, so a call returns a
-// few more when buckets chain, and a small listpack-encoded hash whole).
-// One call costs redis-server about 0.75 µs per field (about 75 µs; see
-// the README's coordinator scaling section).
+// CollectUsageTotals reads a usage hash: about this many fields per call
+// of a hashtable-encoded hash (HSCAN visits this many buckets, so a call
+// returns a few more when buckets chain); a listpack-encoded hash (at most
+// 128 fields) comes whole. One call costs redis-server about 0.75 µs per
+// field of a hashtable (about 75 µs; see the README's coordinator scaling
+// section).
 const UsageScanCount = 100
 
-// UsageScanPipeline is how many HSCAN calls CollectUsageTotals sends in
-// one pipeline (one per shard, at most this many shards at a time): about
-// UsageScanPipeline*UsageScanCount fields, some 0.3 ms of redis-server time
-// per round that a gateway's command can wait behind.
-const UsageScanPipeline = 4
+// UsageScanRoundFields is about how many fields CollectUsageTotals asks
+// for in one pipeline (estimated; see CollectUsageLayout): some 0.3 ms of
+// redis-server time per round that a gateway's command can wait behind.
+const UsageScanRoundFields = 400
+
+// UsageScanRoundCommands is the most HSCAN calls CollectUsageTotals sends
+// in one pipeline, which bounds a round of mostly empty or missing hashes
+// (about 1 µs of redis-server time each): the default 16,384 hashes take
+// at least 64 rounds, however few keys they hold.
+const UsageScanRoundCommands = 256
 
 // validSubjectKey reports whether ParseSubjectKey accepts key, without
 // allocating for keys that hold no escape.

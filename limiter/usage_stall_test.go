@@ -17,21 +17,29 @@ import (
 )
 
 // TestCollectUsageExactAtScanBoundaries: CollectUsageTotals returns
-// exactly what the shard hashes hold when shards end at, just before and
-// just after a page (UsageScanCount) or a round (UsageScanPipeline shards),
-// are empty, hold one field, or are small enough to be one listpack page;
-// with fewer shards than one round and with a last round that is not full;
-// on a standalone Redis and a cluster (each shard in its own slot).
+// exactly what the usage hashes hold when hashes end at, just before and
+// just after a page (UsageScanCount) or the listpack limit (128 fields),
+// are empty, hold one field, hold wide fields beside packed ones, and when
+// rounds end at, before or after UsageScanRoundCommands hashes; on a
+// standalone Redis and a cluster (each hash in its own slot).
 func TestCollectUsageExactAtScanBoundaries(t *testing.T) {
-	// Keys per shard; each key has a demand field and, for two keys in
-	// three, an admitted one.
-	sizes := []int{0, 1, 64, 65, UsageScanCount/2 - 1, UsageScanCount / 2, UsageScanCount/2 + 1,
-		UsageScanCount - 1, UsageScanCount, UsageScanCount + 1, 3*UsageScanCount + 7, 10 * UsageScanCount}
+	// Keys per hash; each key has a packed field and, one key in five, a
+	// wide demand field and, one in ten, a wide admitted one.
+	sizes := []int{0, 1, 64, 65, 127, 128, 129, UsageScanCount - 1, UsageScanCount, UsageScanCount + 1, 3*UsageScanCount + 7, 10 * UsageScanCount}
+	many := func(n, keys int) []int {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = keys * (i % 3) // 0, keys, 2*keys, ...
+		}
+		return out
+	}
 	layouts := map[string][]int{
-		"fewer shards than a round":   sizes[:UsageScanPipeline-1],
-		"exactly one round of shards": sizes[len(sizes)-UsageScanPipeline:],
-		"last round not full":         sizes,
-		"one shard":                   {3*UsageScanCount + 7},
+		"varied sizes":                      sizes,
+		"one hash":                          {3*UsageScanCount + 7},
+		"one round of hashes":               many(UsageScanRoundCommands, 0),
+		"a round of hashes and one more":    many(UsageScanRoundCommands+1, 1),
+		"two rounds of hashes and one less": many(2*UsageScanRoundCommands-1, 1),
+		"hashes of a few keys":              many(3*UsageScanRoundCommands+5, 3),
 	}
 	clients := map[string]redis.UniversalClient{
 		"standalone": redistest.StartServer(t).Client(),
@@ -49,11 +57,15 @@ func TestCollectUsageExactAtScanBoundaries(t *testing.T) {
 				for s, n := range layout {
 					for i := range n {
 						sk := fmt.Sprintf("k:s%d-%d", s, i)
-						u := UsageTotal{PolicyID: "g", SubjectKey: sk, Demand: int64(7*i + s + 1)}
-						pipe.HSet(ctx, UsageKey(epoch, s), "d:g:"+sk, u.Demand)
-						if i%3 != 0 {
-							u.Admitted = int64(i + 1)
-							pipe.HSet(ctx, UsageKey(epoch, s), "a:g:"+sk, u.Admitted)
+						u := UsageTotal{PolicyID: "g", SubjectKey: sk, Demand: int64(7*i + s + 1), Admitted: int64(i % 3)}
+						pipe.HSet(ctx, UsageKey(epoch, s), "g:"+sk, u.Demand<<32+u.Admitted)
+						if i%5 == 0 {
+							pipe.HSet(ctx, UsageKey(epoch, s), "#d:g:"+sk, 1<<40)
+							u.Demand += 1 << 40
+						}
+						if i%10 == 0 {
+							pipe.HSet(ctx, UsageKey(epoch, s), "#a:g:"+sk, 1<<33)
+							u.Admitted += 1 << 33
 						}
 						want[sk] = u
 					}
@@ -73,53 +85,70 @@ func TestCollectUsageExactAtScanBoundaries(t *testing.T) {
 	}
 }
 
-// TestCollectUsageRoundsAreBounded: collecting 20,000 keys (40,000
-// fields over the default 16 shards, 2,500 each: hashtable-encoded, as
-// large shards are) asks redis-server for a bounded amount of work per
-// round trip: every pipeline round holds at most UsageScanPipeline HSCAN
-// commands of COUNT UsageScanCount, and each page returns at most twice
-// UsageScanCount fields (HSCAN returns whole buckets, so a page may hold a
-// few more than COUNT), so a gateway's command waits behind at most
-// UsageScanPipeline pages. Before the rounds were bounded, one round was
-// 16 pages of 250 fields. The test counts the work, not its time: what
-// a round costs redis-server in CPU (about 0.3 to 0.5 ms) is measured by
+// TestCollectUsageRoundsAreBounded: collecting 20,000 keys asks
+// redis-server for a bounded amount of work per round trip, whether the
+// hashes are hashtable-encoded (16 hashes of 1,250 fields, read in pages),
+// listpack-encoded (256 hashes of about 78 fields, each read whole) or
+// mostly missing (100 keys over the default 16,384 hashes): every
+// pipeline round holds at most UsageScanRoundCommands HSCAN commands of
+// COUNT UsageScanCount, each page returns at most twice UsageScanCount
+// fields (HSCAN returns whole buckets, so a page may hold a few more than
+// COUNT) or one listpack-encoded hash (at most 128 fields), and a round
+// returns at most twice UsageScanRoundFields fields; so a gateway's
+// command waits behind a bounded round. Before the rounds were bounded,
+// one round was 16 pages of 250 fields. The test counts the work, not its
+// time: what a round costs redis-server in CPU is measured by
 // BenchmarkCollectUsageRounds, since a measured time depends on the load
 // of the machine that runs the test.
 func TestCollectUsageRoundsAreBounded(t *testing.T) {
 	srv := redistest.StartServer(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
 	defer cancel()
-	// A round of 4 pages of 100 fields costs redis-server about 0.3 to
-	// 0.5 ms (BenchmarkCollectUsageRounds); a round must stay well under 1 ms.
-	require.LessOrEqual(t, UsageScanPipeline*UsageScanCount, 500, "fields asked for per round")
-	const keys = 20_000
-	epoch := time.Now().UnixMilli()/10_000 + 1
-	want := writeUsageKeys(ctx, t, srv.Client(), epoch, keys)
-
-	rounds := collectLogged(ctx, t, srv, epoch, 0, keys, want)
-	// Every shard is read to its end: at least ceil(2,500 / (2 x COUNT))
-	// pages each, so at least that many rounds of full pipelines.
-	require.GreaterOrEqual(t, len(rounds), DefaultUsageShards/UsageScanPipeline*(2*keys/DefaultUsageShards)/(2*UsageScanCount))
-	longestPage, longestRound := 0, 0
-	for r, round := range rounds {
-		require.NotEmpty(t, round, "round %d", r)
-		assert.LessOrEqual(t, len(round), UsageScanPipeline, "round %d: HSCAN commands", r)
-		fields := 0
-		for _, c := range round {
-			args := c.Args()
-			require.Len(t, args, 5, "round %d: %v", r, args)
-			assert.Equal(t, "hscan", args[0], "round %d", r)
-			assert.Equal(t, []any{"count", int64(UsageScanCount)}, args[3:], "round %d: %v", r, args)
-			sc, ok := c.(*redis.ScanCmd)
-			require.True(t, ok, "round %d: %T", r, c)
-			page, _ := sc.Val()
-			assert.LessOrEqual(t, len(page)/2, 2*UsageScanCount, "round %d: fields of a page of %v", r, args[1])
-			longestPage = max(longestPage, len(page)/2)
-			fields += len(page) / 2
-		}
-		longestRound = max(longestRound, fields)
+	// A round of 400 fields costs redis-server about 0.3 ms
+	// (BenchmarkCollectUsageRounds); a round must stay well under 1 ms.
+	require.LessOrEqual(t, UsageScanRoundFields, 500, "fields asked for per round")
+	// A call on a missing or small hash costs about 1 µs: 256 of them
+	// stay well under 1 ms too.
+	require.LessOrEqual(t, UsageScanRoundCommands, 256, "commands per round")
+	for _, tc := range []struct {
+		name         string
+		keys, shards int
+		minRounds    int
+	}{
+		{"hashtable", 20_000, 16, 20_000 / (2 * UsageScanRoundFields)},
+		{"listpack", 20_000, 256, 20_000 / (2 * UsageScanRoundFields)},
+		{"mostly missing", 100, DefaultUsageShards, DefaultUsageShards / UsageScanRoundCommands},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			epoch := time.Now().UnixMilli()/10_000 + 1 + int64(tc.shards)
+			want := writeUsageKeys(ctx, t, srv.Client(), epoch, tc.keys, tc.shards)
+			rounds := collectLogged(ctx, t, srv, epoch, tc.shards, tc.keys, want)
+			require.GreaterOrEqual(t, len(rounds), tc.minRounds)
+			longestPage, longestRound, scans := 0, 0, 0
+			for r, round := range rounds {
+				require.NotEmpty(t, round, "round %d", r)
+				assert.LessOrEqual(t, len(round), UsageScanRoundCommands, "round %d: HSCAN commands", r)
+				fields := 0
+				for _, c := range round {
+					args := c.Args()
+					require.Len(t, args, 5, "round %d: %v", r, args)
+					assert.Equal(t, "hscan", args[0], "round %d", r)
+					assert.Equal(t, []any{"count", int64(UsageScanCount)}, args[3:], "round %d: %v", r, args)
+					sc, ok := c.(*redis.ScanCmd)
+					require.True(t, ok, "round %d: %T", r, c)
+					page, _ := sc.Val()
+					assert.LessOrEqual(t, len(page)/2, max(2*UsageScanCount, 128), "round %d: fields of a page of %v", r, args[1])
+					longestPage = max(longestPage, len(page)/2)
+					fields += len(page) / 2
+					scans++
+				}
+				assert.LessOrEqual(t, fields, 2*UsageScanRoundFields, "round %d: fields", r)
+				longestRound = max(longestRound, fields)
+			}
+			assert.GreaterOrEqual(t, scans, tc.shards, "every hash read")
+			t.Logf("%d rounds; longest page %d fields, longest round %d fields", len(rounds), longestPage, longestRound)
+		})
 	}
-	t.Logf("%d rounds; longest page %d fields, longest round %d fields", len(rounds), longestPage, longestRound)
 }
 
 // collectLogged collects epoch's usage over shards (the default when 0)
@@ -144,10 +173,10 @@ func collectLogged(ctx context.Context, t *testing.T, srv *redistest.Server, epo
 }
 
 // writeUsageKeys writes one epoch's usage of keys keys through a gateway's
-// usage sink, over the default shards, and returns the sum of their
-// demand and admitted counts.
-func writeUsageKeys(ctx context.Context, t testing.TB, client redis.UniversalClient, epoch int64, keys int) int64 {
-	gw := NewRedisUsageSink(client, 0, 10*time.Second, 3)
+// usage sink, over shards hashes (the default when 0), and returns the sum
+// of their demand and admitted counts.
+func writeUsageKeys(ctx context.Context, t testing.TB, client redis.UniversalClient, epoch int64, keys, shards int) int64 {
+	gw := NewRedisUsageSink(client, shards, 10*time.Second, 3)
 	var want int64
 	counts := make([]UsageCount, 0, 10_000)
 	for i := range keys {
@@ -183,7 +212,7 @@ func BenchmarkCollectUsageRounds(b *testing.B) {
 	}
 	const keys = 100_000
 	epoch := time.Now().UnixMilli()/10_000 + 1
-	writeUsageKeys(ctx, b, srv.Client(), epoch, keys)
+	writeUsageKeys(ctx, b, srv.Client(), epoch, keys, 0)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DisableIdentity: true})
 	defer client.Close()
 	require.NoError(b, client.Ping(ctx).Err())

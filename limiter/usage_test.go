@@ -235,15 +235,19 @@ func TestCollectUsageTotals(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, failed)
 	}
-	bad := []string{"x:g:k:a", "d:g", "d:g:k:a b", "d:g:z:a", "d:g:k:%4", "d:g:k:%41"}
+	// Split-layout fields in a packed hash, subjects that do not parse,
+	// a negative packed value, a wide field without a policy and a field
+	// of an unknown kind.
+	bad := []string{"x:g:k:a", "d:g", "d:g:k:a b", "d:g:z:a", "d:g:k:%4", "d:g:k:%41", "#d::k:a", "#x:k:a"}
 	for _, f := range bad {
 		require.NoError(t, client.HSet(ctx, UsageKey(epoch, 0), f, 1).Err())
 	}
+	require.NoError(t, client.HSet(ctx, UsageKey(epoch, 0), "g:k:neg", -1).Err())
 	require.NoError(t, client.HSet(ctx, UsageKey(epoch, 1), "a:g:k:ok", "x1").Err()) // value not a number
 
 	got, err := CollectUsageTotals(ctx, client, epoch, shards)
 	require.ErrorIs(t, err, ErrBadUsage)
-	assert.ErrorContains(t, err, `7 unparsable fields, first "a:g:k:ok"`)
+	assert.ErrorContains(t, err, `10 unparsable fields, first "#d::k:a"`)
 	assert.ElementsMatch(t, []UsageTotal{
 		{PolicyID: "g", SubjectKey: "k:a%20b%25", Demand: 8},
 		{PolicyID: "g", SubjectKey: "u:u1", Demand: 10, Admitted: 6},

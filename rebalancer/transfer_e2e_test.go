@@ -119,9 +119,9 @@ func TestDriverTransfersShiftWithinAnEpoch(t *testing.T) {
 		core, err := rebalancer.New(cfg, rebalancer.PolicyMap{"g": lim})
 		require.NoError(t, err)
 		r.driver, err = rebalancer.NewDriver(core, rebalancer.DriverConfig{
-			Usage: redisio.NewSource(client, 0), Shares: redisio.NewSink(client, 0), Bus: ad,
+			Usage: redisio.NewSource(client, e2eUsageShards), Shares: redisio.NewSink(client, 0), Bus: ad,
 			CollectDelay: 500 * time.Millisecond, Observer: r.obs,
-			Pressure: redisio.NewPressureSource(client, 0, xferEpoch, 0), Transfers: tad, PressureInterval: 250 * time.Millisecond,
+			Pressure: redisio.NewPressureSource(client, e2eUsageShards, xferEpoch, 0), Transfers: tad, PressureInterval: 250 * time.Millisecond,
 		})
 		require.NoError(t, err)
 
@@ -131,7 +131,7 @@ func TestDriverTransfersShiftWithinAnEpoch(t *testing.T) {
 		lcfg.DenyCacheMaxKeys = -1  // every attempt reaches Redis, so demand is exact
 		r.lim, err = limiter.New(lcfg, pols)
 		require.NoError(t, err)
-		fl := limiter.NewUsageFlusher(r.lim, limiter.NewRedisUsageSink(client, 0, xferEpoch, 3), limiter.UsageFlusherConfig{Interval: 250 * time.Millisecond})
+		fl := limiter.NewUsageFlusher(r.lim, limiter.NewRedisUsageSink(client, e2eUsageShards, xferEpoch, 3), limiter.UsageFlusherConfig{Interval: 250 * time.Millisecond})
 		n := &atomic.Int64{}
 		demand.Store(name, n)
 		wg.Add(5)

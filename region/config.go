@@ -56,9 +56,14 @@ type Config struct {
 	// RedisUsername is the ACL user (empty: the default user) and
 	// RedisPassword its password or the AUTH token (empty: no AUTH).
 	RedisUsername, RedisPassword string
-	// UsageShards is the gateways' usage shard count. Default
-	// limiter.DefaultUsageShards.
+	// UsageShards is the gateways' usage shard count (the packed layout,
+	// limiter.NewRedisUsageSink). Default limiter.DefaultUsageShards.
 	UsageShards int
+	// UsageSplitShards, when > 0, is the shard count of the previous
+	// release's split usage layout, which the coordinator also reads (and
+	// states in its record for that release's gateways) during a rolling
+	// upgrade (limiter.UsageLayout). 0: not read.
+	UsageSplitShards int
 	// KafkaBrokers are the Kafka bootstrap brokers (host:port).
 	KafkaBrokers []string
 	// KafkaTLS, when non-nil, encrypts every Kafka connection; KafkaSASL,
@@ -226,6 +231,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: TransferTopic %q is another bus's topic: give asks and gives their own", ErrConfig, c.TransferTopic)
 	case c.UsageShards < 0:
 		return fmt.Errorf("%w: UsageShards %d is negative", ErrConfig, c.UsageShards)
+	case c.UsageSplitShards < 0:
+		return fmt.Errorf("%w: UsageSplitShards %d is negative", ErrConfig, c.UsageSplitShards)
 	case c.AdminTokens != nil && !c.PolicyLog:
 		return fmt.Errorf("%w: AdminTokens needs PolicyLog: admin writes are records on the policy log", ErrConfig)
 	case c.AdminClientCert && c.ListenTLS == nil:

@@ -23,6 +23,7 @@ import (
 	"github.com/quotientlabs/quotient/internal/kafkautil"
 	"github.com/quotientlabs/quotient/internal/redisconn"
 	"github.com/quotientlabs/quotient/internal/tlsconfig"
+	"github.com/quotientlabs/quotient/limiter"
 	"github.com/quotientlabs/quotient/rebalancer"
 	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
 	"github.com/quotientlabs/quotient/rebalancer/redisio"
@@ -161,7 +162,7 @@ func New(cfg Config) (*Coordinator, error) {
 			return fail(err)
 		}
 	}
-	c.usage = newLoggedUsage(redisio.NewSource(c.redis, cfg.UsageShards), log, c.registry)
+	c.usage = newLoggedUsage(redisio.NewLayoutSource(c.redis, limiter.UsageLayout{Shards: cfg.UsageShards, SplitShards: cfg.UsageSplitShards}), log, c.registry)
 	c.registerRole()
 	// Check the driver's configuration now (CollectDelay against MaxWait),
 	// so a bad one fails New and not the first term.

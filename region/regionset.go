@@ -23,7 +23,7 @@ func (c *Coordinator) regionSet() limiter.RegionSet {
 	if shards == 0 {
 		shards = limiter.DefaultUsageShards
 	}
-	return limiter.RegionSet{Region: c.cfg.Region, Regions: c.cfg.Regions, Epoch: c.cfg.Epoch, UsageShards: shards}
+	return limiter.RegionSet{Region: c.cfg.Region, Regions: c.cfg.Regions, Epoch: c.cfg.Epoch, UsageShards: shards, SplitShards: c.cfg.UsageSplitShards}
 }
 
 // publishRegionSet writes the region set at once and then every

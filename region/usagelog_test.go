@@ -28,7 +28,7 @@ func TestSkippedUsageFieldsAreCountedAndLogged(t *testing.T) {
 	defer cancel()
 	epoch := time.Now().UnixMilli() / 10_000
 	key := limiter.UsageKey(epoch, 0)
-	require.NoError(t, client.HSet(ctx, key, "d:g:k:good", 3, "a:g:k:good", 2, "d:g:zz:unknown-kind", 5).Err())
+	require.NoError(t, client.HSet(ctx, key, "g:k:good", 3<<32+2, "g:zz:unknown-kind", 5<<32).Err()) // packed: demand<<32 + admitted
 
 	var logs bytes.Buffer
 	reg := prometheus.NewRegistry()
@@ -43,7 +43,7 @@ func TestSkippedUsageFieldsAreCountedAndLogged(t *testing.T) {
 quotient_coordinator_usage_bad_fields_total 1
 `), "quotient_coordinator_usage_bad_fields_total"))
 	assert.Contains(t, logs.String(), "usage fields skipped")
-	assert.Contains(t, logs.String(), "d:g:zz:unknown-kind")
+	assert.Contains(t, logs.String(), "g:zz:unknown-kind")
 
 	// The next epoch without bad fields logs nothing more.
 	logs.Reset()
@@ -64,9 +64,9 @@ func TestUnlinkFailuresAreCounted(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "coordinator", Password: "pw"})
 	t.Cleanup(func() { _ = client.Close() })
 	epoch := time.Now().UnixMilli() / 10_000
-	require.NoError(t, admin.HSet(ctx, limiter.UsageKey(epoch, 0), "d:g:k:good", 3, "a:g:k:good", 2).Err())
+	require.NoError(t, admin.HSet(ctx, limiter.UsageKey(epoch, 0), "g:k:good", 3<<32+2).Err()) // packed: demand<<32 + admitted
 	old := limiter.UsageKey(epoch-redisio.UnlinkLagEpochs, 0)
-	require.NoError(t, admin.HSet(ctx, old, "d:g:k:good", 1).Err())
+	require.NoError(t, admin.HSet(ctx, old, "g:k:good", 1<<32).Err())
 
 	reg := prometheus.NewRegistry()
 	u := newLoggedUsage(redisio.NewSource(client, 1), slog.New(slog.NewTextHandler(io.Discard, nil)), reg)

@@ -125,7 +125,7 @@ func TestCoordinatorClockOffset(t *testing.T) {
 
 // TestGatewayClockOffset: a gateway started with --clock-offset counts the
 // usage of global policies in the epochs of its shifted clock: the usage
-// hash it flushes to Redis (qu:{epoch:shard}) is numbered by the shifted
+// hash it flushes to Redis (qv:{epoch:shard}) is numbered by the shifted
 // clock, not the system's.
 func TestGatewayClockOffset(t *testing.T) {
 	const offset = 37 * time.Minute
@@ -151,7 +151,7 @@ func TestGatewayClockOffset(t *testing.T) {
 	defer tick.Stop()
 	for len(keys) == 0 {
 		var err error
-		keys, err = rc.Keys(t.Context(), "qu:{*").Result()
+		keys, err = rc.Keys(t.Context(), "qv:{*").Result()
 		require.NoError(t, err)
 		if len(keys) == 0 {
 			require.True(t, time.Now().Before(deadline), "no usage flushed within 20 s: %s", stderr.String())
@@ -160,7 +160,7 @@ func TestGatewayClockOffset(t *testing.T) {
 	}
 	after := time.Now()
 	require.Len(t, keys, 1, "one request, one epoch")
-	e, err := strconv.ParseInt(strings.SplitN(strings.TrimPrefix(keys[0], "qu:{"), ":", 2)[0], 10, 64)
+	e, err := strconv.ParseInt(strings.SplitN(strings.TrimPrefix(keys[0], "qv:{"), ":", 2)[0], 10, 64)
 	require.NoError(t, err, keys[0])
 	assert.GreaterOrEqual(t, e, epochAt(before.Add(offset), epoch), "usage epoch by the shifted clock")
 	assert.LessOrEqual(t, e, epochAt(after.Add(offset), epoch), "usage epoch by the shifted clock")

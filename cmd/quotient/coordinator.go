@@ -97,7 +97,7 @@ func coordinatorRegionConfig(cfg coordinatorConfig, env environment) (region.Con
 	rc.Region, rc.Regions = cfg.region, splitList(cfg.regions)
 	rc.RedisAddrs, rc.RedisCluster, rc.KafkaBrokers = splitList(cfg.redis), cfg.redisCluster, splitList(cfg.kafka)
 	rc.Listen, rc.Epoch, rc.MaxWait, rc.CollectDelay = cfg.listen, cfg.epoch, cfg.maxWait, cfg.collectDelay
-	rc.Topic, rc.Mirrored, rc.UsageShards = cfg.topic, cfg.mirrored, cfg.usageShards
+	rc.Topic, rc.Mirrored, rc.UsageShards, rc.UsageSplitShards = cfg.topic, cfg.mirrored, cfg.usageShards, cfg.usageSplitShards
 	rc.TransferTopic, rc.NoTransfers, rc.PressureInterval = cfg.transferTopic, !cfg.transfers, cfg.pressureInterval
 	rc.Logger = slog.New(slog.NewJSONHandler(env.stderr, &slog.HandlerOptions{Level: level}))
 	switch {
@@ -117,6 +117,8 @@ func coordinatorRegionConfig(cfg coordinatorConfig, env environment) (region.Con
 		return rc, fmt.Errorf("--transfer-topic %q is --topic: asks and gives need a topic of their own", cfg.transferTopic)
 	case cfg.usageShards < 1:
 		return rc, fmt.Errorf("--usage-shards %d: want at least 1", cfg.usageShards)
+	case cfg.usageSplitShards < 0:
+		return rc, fmt.Errorf("--usage-split-shards %d: want 0 (do not read the split layout) or more", cfg.usageSplitShards)
 	case cfg.policies == "" && !cfg.policyLog && cfg.adminTokens == "":
 		return rc, errors.New("--policies is required without --policy-log: the JSON policy file whose scope:global policies are shared")
 	case cfg.gossipBind == "" && cfg.gossipSeeds != "":

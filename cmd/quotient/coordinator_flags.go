@@ -3,6 +3,8 @@ package main
 import (
 	"flag"
 	"time"
+
+	"github.com/quotientlabs/quotient/limiter"
 )
 
 // coordinatorConfig is what `quotient coordinator` reads from its flags and
@@ -25,7 +27,8 @@ type coordinatorConfig struct {
 	transfers        bool          // asks and gives between decisions
 	pressureInterval time.Duration // how often the gateways' pressure marks are read
 	mirrored         bool          // one Kafka cluster per region, mirrored with MirrorMaker 2
-	usageShards      int           // the gateways' usage shard count
+	usageShards      int           // the gateways' usage shard count (packed layout)
+	usageSplitShards int           // the split layout's, still read (0: not)
 	logLevel         string        // debug, info, warn, error
 	policyLog        bool          // follow the policy topic (the admin API's log)
 	adminTokens      string        // token file of the admin API; implies policyLog
@@ -64,7 +67,8 @@ func coordinatorFlagSet(cfg *coordinatorConfig) *flag.FlagSet {
 	fs.BoolVar(&cfg.transfers, "transfers", true, "move share between regions within seconds when a key's demand outruns its share (asks and gives on --transfer-topic); false: at epoch decisions only")
 	fs.DurationVar(&cfg.pressureInterval, "pressure-interval", time.Second, "how often to read the gateways' pressure marks (keys whose global policy rejected cost) and ask the other regions for share")
 	fs.BoolVar(&cfg.mirrored, "mirrored", false, "one Kafka cluster per region mirrored with MirrorMaker 2: also consume <region>.<topic> for every other region")
-	fs.IntVar(&cfg.usageShards, "usage-shards", 16, "usage shard hashes per epoch; must match the gateways")
+	fs.IntVar(&cfg.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (packed layout; about the active keys per epoch over 64); the gateways follow it")
+	fs.IntVar(&cfg.usageSplitShards, "usage-split-shards", limiter.DefaultSplitUsageShards, "shards of the previous release's split usage layout, which its gateways write, also read (0: not; only once no such gateway runs)")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	registerClockOffset(fs, &cfg.clockOffset)
 	cfg.redisSec.register(fs)

@@ -96,7 +96,7 @@ func (g *gatewayRegions) resolve(ctx context.Context, cfg *limiterFlags, policie
 		if g.flags != nil {
 			g.compare(rec)
 		}
-		cfg.epoch, cfg.usageShards = rec.Epoch, rec.UsageShards
+		cfg.epoch, cfg.usageShards, cfg.usageSplit = rec.Epoch, rec.UsageShards, rec.SplitShards
 	case g.flags != nil:
 		g.known, g.cur = true, *g.flags
 	}
@@ -171,10 +171,10 @@ func (g *gatewayRegions) refresh(ctx context.Context) {
 	if g.known && len(g.cur.Differences(rec)) == 0 {
 		return
 	}
-	if g.known && (rec.Epoch != g.cur.Epoch || rec.UsageShards != g.cur.UsageShards) {
+	if g.known && (rec.Epoch != g.cur.Epoch || rec.UsageShards != g.cur.UsageShards || (rec.UsageShards == 0 && rec.SplitShards != g.cur.SplitShards)) {
 		g.mismatch.Set(1)
 		g.log.Error("the coordinator's usage epoch or shard count changed; restart the "+g.who()+" to follow it (usage written meanwhile may not be read)", "epoch", rec.Epoch, "usage_shards", rec.UsageShards, "gateway_epoch", g.cur.Epoch, "gateway_usage_shards", g.cur.UsageShards)
-		rec.Epoch, rec.UsageShards = g.cur.Epoch, g.cur.UsageShards
+		rec.Epoch, rec.UsageShards, rec.SplitShards = g.cur.Epoch, g.cur.UsageShards, g.cur.SplitShards
 	}
 	if g.lim != nil {
 		if err := g.lim.SetRegions(rec.Region, len(rec.Regions)); err != nil {

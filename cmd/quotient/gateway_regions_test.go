@@ -143,3 +143,43 @@ func TestGatewayRegionsFollowTheRecord(t *testing.T) {
 	require.NoError(t, g.mismatch.Write(&m))
 	assert.Equal(t, 1.0, m.GetGauge().GetValue())
 }
+
+// TestGatewayUsageLayoutFollowsTheRecord: a gateway whose coordinator is
+// of the previous release (its record has usage_shards only) writes the
+// split layout that coordinator reads; with this release's record it
+// writes the packed layout with the record's count (rolling upgrade in
+// either order; see limiter.RegionSet).
+func TestGatewayUsageLayoutFollowsTheRecord(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := context.Background()
+	c := srv.Client()
+	epoch := time.Now().UnixMilli()/10_000 + 3
+	count := []limiter.UsageCount{{Epoch: epoch, PolicyID: "g", Subject: limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "a"}, Demand: 3, Admitted: 1}}
+	resolve := func() *limiterFlags {
+		g := &gatewayRegions{client: c, log: slog.New(slog.NewTextHandler(io.Discard, nil)), mismatch: prometheus.NewGauge(prometheus.GaugeOpts{Name: "m"})}
+		cfg := &limiterFlags{epoch: 10 * time.Second, usageShards: limiter.DefaultUsageShards}
+		require.NoError(t, g.resolve(ctx, cfg, nil))
+		return cfg
+	}
+
+	require.NoError(t, c.HSet(ctx, limiter.RegionSetKey, "region", "eu", "regions", "eu,us", "epoch_ms", 10_000, "usage_shards", 16).Err())
+	cfg := resolve()
+	failed, err := cfg.usageSink(c).WriteUsage(ctx, count)
+	require.NoError(t, err)
+	require.Empty(t, failed)
+	split, err := limiter.CollectUsageLayout(ctx, c, epoch, limiter.UsageLayout{Shards: 1, SplitShards: 16})
+	require.NoError(t, err)
+	assert.Equal(t, []limiter.UsageTotal{{PolicyID: "g", SubjectKey: "k:a", Demand: 3, Admitted: 1}}, split, "the split layout, which the old coordinator reads")
+	packed, err := limiter.CollectUsageTotals(ctx, c, epoch, limiter.DefaultUsageShards)
+	require.NoError(t, err)
+	assert.Empty(t, packed)
+
+	require.NoError(t, limiter.WriteRegionSet(ctx, c, limiter.RegionSet{Region: "eu", Regions: []string{"eu", "us"}, Epoch: 10 * time.Second, UsageShards: 32, SplitShards: 16}))
+	cfg = resolve()
+	failed, err = cfg.usageSink(c).WriteUsage(ctx, count)
+	require.NoError(t, err)
+	require.Empty(t, failed)
+	packed, err = limiter.CollectUsageTotals(ctx, c, epoch, 32)
+	require.NoError(t, err)
+	assert.Equal(t, []limiter.UsageTotal{{PolicyID: "g", SubjectKey: "k:a", Demand: 3, Admitted: 1}}, packed, "the packed layout, with the record's count")
+}

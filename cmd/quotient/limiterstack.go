@@ -31,7 +31,8 @@ type limiterFlags struct {
 	epoch        time.Duration
 	usageFlush   time.Duration
 	instances    int
-	usageShards  int
+	usageShards  int // packed layout's hashes; 0 = the split layout with usageSplit (a previous release's coordinator)
+	usageSplit   int // the split layout's shards, when usageShards is 0
 	usageMaxKeys int // limiter.Config.UsageMaxKeys
 	pipeline     int
 	eventSample  float64
@@ -49,7 +50,7 @@ func (f *limiterFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.epoch, "epoch", 10*time.Second, "usage epoch of global policies, shared with the coordinator")
 	fs.DurationVar(&f.usageFlush, "usage-flush", time.Second, "how often the usage of global policies is written to Redis for the coordinator; keep it well below the coordinator's --collect-delay, or an epoch's last usage is read an epoch late")
 	fs.IntVar(&f.instances, "instances", 1, "instances of this process in the region (local fallbacks get rate / instances)")
-	fs.IntVar(&f.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (must match the coordinator)")
+	fs.IntVar(&f.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (packed layout, about the active keys per epoch over 64; must match the coordinator, whose record in Redis overrides it)")
 	fs.IntVar(&f.usageMaxKeys, "usage-max-keys", limiter.DefaultConfig().UsageMaxKeys, "usage counts of global policies held in memory, one per (epoch, policy, subject), about 180 B of heap each (250 B while a flush runs); beyond it new keys' usage is dropped, counted (quotient_limiter_usage_overflow_keys_total) and its epoch marked incomplete, so the coordinator holds those shares instead of shrinking them. Size it above the distinct global keys this process sees in two epochs")
 	fs.Float64Var(&f.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
 	fs.IntVar(&f.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
@@ -270,7 +271,7 @@ func newLimiterStack(ctx context.Context, f *limiterFlags, lookupEnv func(string
 	}
 	s.limiter = l
 
-	flusher := limiter.NewUsageFlusher(l, limiter.NewRedisUsageSink(s.client, f.usageShards, f.epoch, 3), limiter.UsageFlusherConfig{Interval: f.usageFlush, Logger: s.log})
+	flusher := limiter.NewUsageFlusher(l, f.usageSink(s.client), limiter.UsageFlusherConfig{Interval: f.usageFlush, Logger: s.log})
 	flusher.Start()
 	s.closers = append(s.closers, flusher.Stop)
 
@@ -326,4 +327,14 @@ func (p *policySource) run(ctx context.Context) {
 	default:
 		_ = p.reloader.Run(ctx)
 	}
+}
+
+// usageSink is the gateway's usage sink: the packed layout, or the split
+// layout when the region's coordinator is of the previous release (its
+// record has no packed shard count; see limiter.RegionSet).
+func (f *limiterFlags) usageSink(client redis.UniversalClient) *limiter.RedisUsageSink {
+	if f.usageShards == 0 {
+		return limiter.NewSplitUsageSink(client, f.usageSplit, f.epoch, 3)
+	}
+	return limiter.NewRedisUsageSink(client, f.usageShards, f.epoch, 3)
 }

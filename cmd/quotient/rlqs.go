@@ -85,7 +85,7 @@ func newQuotaServer(cfg *rlsConfig, stack *limiterStack, srv *rls.Server, log *s
 			return nil
 		},
 		Shares: &quota.RedisShares{Client: stack.client},
-		Usage:  limiter.NewRedisUsageSink(stack.client, cfg.usageShards, cfg.epoch, 3),
+		Usage:  cfg.usageSink(stack.client),
 		Regions: func() int {
 			_, n := stack.limiter.RegionSetting()
 			return n

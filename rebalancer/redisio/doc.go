@@ -10,13 +10,17 @@
 //
 // What it does not do: it decides nothing (the rebalancer Core says what to
 // write and when records expire), keeps no state (but PressureSource's
-// counts of its last read), starts no goroutines and logs nothing. Source
-// does not delete the usage it just read (deleting it would race with a
-// gateway's late flush; the Core collects an epoch only once, so reading
-// it again changes nothing); it unlinks the usage of the epoch
+// counts of its last read and Source's lists of big hashes to unlink),
+// starts no goroutines and logs nothing. Source does not delete the
+// usage it just read (deleting it would race with a gateway's late flush;
+// the Core collects an epoch only once, so reading it again changes
+// nothing); it unlinks the big usage hashes of the epoch
 // UnlinkLagEpochs before, which no gateway writes any more, so that
 // redis-server does not free a big usage hash in the foreground when it
-// expires.
+// expires (it remembers, per epoch read, which hashes were big; small
+// listpack-encoded ones are left to expire). Source reads the packed
+// layout and, for a rolling upgrade, the previous release's split layout
+// too (NewLayoutSource).
 //
 // Invariants:
 //   - A share record is written atomically with its expiry (inside one Lua

@@ -25,23 +25,34 @@ var ErrRead = errors.New("redisio: usage read failed")
 // safe for concurrent use.
 type Source struct {
 	client   redis.UniversalClient
-	shards   int
+	layout   limiter.UsageLayout
 	bad      atomic.Int64
 	unlinkKO atomic.Int64
 	lastMu   sync.Mutex
 	last     error
+	bigMu    sync.Mutex
+	big      map[int64][]string // by epoch read: its big packed hashes, to unlink
 }
 
 var _ rebalancer.UsageSource = (*Source)(nil)
 
 // NewSource returns a Source on client (owned by the caller) for usage
-// written with shards shard hashes per epoch (the gateways' setting;
-// limiter.DefaultUsageShards when <= 0).
+// written in the packed layout with shards hashes per epoch (the
+// gateways' setting; limiter.DefaultUsageShards when <= 0).
 func NewSource(client redis.UniversalClient, shards int) *Source {
-	if shards <= 0 {
-		shards = limiter.DefaultUsageShards
+	return NewLayoutSource(client, limiter.UsageLayout{Shards: shards})
+}
+
+// NewLayoutSource is NewSource for the hashes of layout: with
+// layout.SplitShards > 0 it also reads (and adds in, and unlinks) the
+// split layout that gateways of the previous release write, for a rolling
+// upgrade (see limiter.UsageLayout).
+func NewLayoutSource(client redis.UniversalClient, layout limiter.UsageLayout) *Source {
+	if layout.Shards <= 0 {
+		layout.Shards = limiter.DefaultUsageShards
 	}
-	return &Source{client: client, shards: shards}
+	layout.SplitShards = max(0, layout.SplitShards)
+	return &Source{client: client, layout: layout, big: map[int64][]string{}}
 }
 
 // Usage implements rebalancer.UsageSource: the totals of epoch, one entry
@@ -57,10 +68,10 @@ func NewSource(client redis.UniversalClient, shards int) *Source {
 // totals come with an error wrapping rebalancer.ErrUsageIncomplete: they
 // are a lower bound, and the driver collects them as such.
 //
-// Once the totals are read it deletes, with UNLINK, the usage hashes and
-// overflow marker of epoch-UnlinkLagEpochs (see UnlinkLagEpochs); a
-// deletion that fails is counted (UnlinkFailures), not an error: the
-// keys still expire by themselves.
+// Once the totals are read it deletes, with UNLINK, the big usage hashes
+// and the overflow marker of epoch-UnlinkLagEpochs (see UnlinkLagEpochs
+// and unlink); a deletion that fails is counted (UnlinkFailures), not an
+// error: the keys still expire by themselves.
 func (s *Source) Usage(ctx context.Context, epoch int64) ([]rebalancer.Usage, error) {
 	out, err := s.totals(ctx, epoch)
 	if err != nil {
@@ -80,7 +91,11 @@ func (s *Source) Usage(ctx context.Context, epoch int64) ([]rebalancer.Usage, er
 }
 
 func (s *Source) totals(ctx context.Context, epoch int64) ([]rebalancer.Usage, error) {
-	totals, err := limiter.CollectUsageTotals(ctx, s.client, epoch, s.shards)
+	read, err := limiter.CollectUsageRead(ctx, s.client, epoch, s.layout)
+	totals := read.Totals
+	if err == nil || errors.Is(err, limiter.ErrBadUsage) {
+		s.rememberBig(epoch, read.Big)
+	}
 	switch {
 	case errors.Is(err, limiter.ErrBadUsage):
 		s.bad.Add(1)
@@ -134,14 +149,70 @@ func sanitize(t limiter.UsageTotal) (rebalancer.Usage, bool) {
 // collect expire on their own (set lazyfree-lazy-expire yes).
 const UnlinkLagEpochs = 2
 
-// unlink deletes the usage of epoch e (best effort; see Usage).
-func (s *Source) unlink(ctx context.Context, e int64) {
-	pipe := s.client.Pipeline()
-	for sh := range s.shards {
-		pipe.Unlink(ctx, limiter.UsageKey(e, sh)) // one key per command: each shard has its own slot
+// UnlinkPipeline is how many UNLINK commands Source.Usage sends in one
+// pipeline when it deletes an old epoch (one key a command: each hash has
+// its own cluster slot): 16,384 small hashes take 64 round trips instead
+// of one pipeline that redis-server would run back to back for a few ms.
+// An UNLINK of a listpack-encoded hash frees it at once (about 1 µs); of
+// a big hashtable-encoded one, on a background thread.
+const UnlinkPipeline = 256
+
+// rememberBig keeps the big packed hashes of epoch, read now, for the
+// unlink UnlinkLagEpochs later, and forgets older epochs' lists.
+func (s *Source) rememberBig(epoch int64, keys []string) {
+	s.bigMu.Lock()
+	defer s.bigMu.Unlock()
+	for e := range s.big {
+		if e < epoch-UnlinkLagEpochs {
+			delete(s.big, e)
+		}
 	}
-	pipe.Unlink(ctx, limiter.UsageOverflowKey(e))
-	if _, err := pipe.Exec(ctx); err != nil {
+	var packed []string
+	prefix := limiter.UsageKey(epoch, 0)
+	prefix = prefix[:strings.IndexByte(prefix, ':')+1] // "qv:"
+	for _, k := range keys {
+		if strings.HasPrefix(k, prefix) {
+			packed = append(packed, k)
+		}
+	}
+	s.big[epoch] = packed
+}
+
+// unlink deletes the usage of epoch e (best effort; see Usage): the split
+// layout's shards (all of them; they are big), the packed layout's hashes
+// that the collection of e found big, and the overflow marker. The packed
+// layout's other hashes (listpack-encoded, at most 128 fields) are left to
+// expire: freeing one costs about a µs, and unlinking 16,384 of them would
+// take 64 round trips. When e was not read by this Source (a coordinator
+// restarted or took over), every packed hash of e is unlinked.
+func (s *Source) unlink(ctx context.Context, e int64) {
+	s.bigMu.Lock()
+	big, known := s.big[e]
+	delete(s.big, e)
+	s.bigMu.Unlock()
+	keys := make([]string, 0, len(big)+s.layout.SplitShards+1)
+	if known {
+		keys = append(keys, big...)
+	} else {
+		for sh := range s.layout.Shards {
+			keys = append(keys, limiter.UsageKey(e, sh))
+		}
+	}
+	for sh := range s.layout.SplitShards {
+		keys = append(keys, limiter.SplitUsageKey(e, sh))
+	}
+	keys = append(keys, limiter.UsageOverflowKey(e))
+	failed := false
+	for lo := 0; lo < len(keys); lo += UnlinkPipeline {
+		pipe := s.client.Pipeline()
+		for _, k := range keys[lo:min(lo+UnlinkPipeline, len(keys))] {
+			pipe.Unlink(ctx, k)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			failed = true
+		}
+	}
+	if failed {
 		s.unlinkKO.Add(1)
 	}
 }
