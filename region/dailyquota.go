@@ -45,7 +45,7 @@ func newDailyQuota(cfg Config, rc redis.UniversalClient, kc *kafkautil.Cluster, 
 		store: dqredis.NewStore(limiter.NewRedisStore(rc)),
 		// The gateways' usage epoch is the rebalance epoch: the rebalancer
 		// collects their usage per epoch too.
-		active: dqredis.NewActive(rc, cfg.Epoch, cfg.UsageShards),
+		active: dqredis.NewActiveLayout(rc, cfg.Epoch, limiter.UsageLayout{Shards: cfg.UsageShards, SplitShards: cfg.UsageSplitShards}),
 	}
 	dq.register(reg)
 	return dq

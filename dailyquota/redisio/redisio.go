@@ -143,7 +143,7 @@ func (s *Store) SetCaps(ctx context.Context, caps []dailyquota.CapUpdate) ([]dai
 type Active struct {
 	client  redis.UniversalClient
 	epochMs int64
-	shards  int
+	layout  limiter.UsageLayout
 }
 
 var _ dailyquota.ActiveKeys = (*Active)(nil)
@@ -152,10 +152,18 @@ var _ dailyquota.ActiveKeys = (*Active)(nil)
 // epochs of epoch (the gateways' limiter.Config.UsageEpoch, default 10 s)
 // in shards hashes (their usage shards; <= 0 means the default).
 func NewActive(client redis.UniversalClient, epoch time.Duration, shards int) *Active {
+	return NewActiveLayout(client, epoch, limiter.UsageLayout{Shards: shards})
+}
+
+// NewActiveLayout is NewActive over the usage hashes of layout: with
+// layout.SplitShards > 0 it also reads the split layout that gateways of
+// the previous release write, so that their keys stay active during a
+// rolling upgrade.
+func NewActiveLayout(client redis.UniversalClient, epoch time.Duration, layout limiter.UsageLayout) *Active {
 	if epoch <= 0 {
 		epoch = 10 * time.Second
 	}
-	return &Active{client: client, epochMs: epoch.Milliseconds(), shards: shards}
+	return &Active{client: client, epochMs: epoch.Milliseconds(), layout: layout}
 }
 
 // Active implements dailyquota.ActiveKeys.
@@ -165,12 +173,12 @@ func (a *Active) Active(ctx context.Context, now time.Time) ([]dailyquota.Policy
 	var out []dailyquota.PolicySubject
 	var errs []error
 	for _, epoch := range []int64{e - 1, e} {
-		counts, err := limiter.CollectUsage(ctx, a.client, epoch, a.shards)
+		totals, err := limiter.CollectUsageLayout(ctx, a.client, epoch, a.layout)
 		if err != nil {
 			errs = append(errs, err)
 		}
-		for _, u := range counts {
-			k := dailyquota.PolicySubject{Policy: u.PolicyID, Subject: u.Subject.Key()}
+		for _, u := range totals {
+			k := dailyquota.PolicySubject{Policy: u.PolicyID, Subject: u.SubjectKey}
 			if u.Admitted > 0 && !seen[k] {
 				seen[k] = true
 				out = append(out, k)
