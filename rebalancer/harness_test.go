@@ -535,12 +535,12 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		}
 		return direct{last: -1 << 62, heardSelf: -1}
 	}
-	// With WarmupEpochs >= 2K-1 the majority rule applies, and silence
-	// takes 2K-1 epochs instead of K+1.
-	on := cfg.WarmupEpochs >= 2*k-1
+	// With WarmupEpochs >= max(2K-1, K+R-1) the majority rule applies, and
+	// silence takes K+R-1 epochs instead of K+1 (R = RecordEpochs).
+	on := cfg.WarmupEpochs >= max(2*k-1, k+cfg.RecordEpochs-1)
 	sb := k
 	if on {
-		sb = 2*k - 2
+		sb = k + cfg.RecordEpochs - 2
 	}
 	silent := func(name string) bool {
 		if d := dirOf(name); d.any && d.last > m-sb-1 {
@@ -602,7 +602,7 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		}
 	}
 	// A region (not silent, not unheard) whose report in the view (of m,
-	// else its latest) says it heard nobody else in epochs m-K..m may
+	// else its latest) says it heard nobody else in epochs m-K-1..m may
 	// rise to the default: no growth while one is in the view.
 	isolated := false
 	for _, q := range names {
@@ -614,7 +614,7 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		if d.has {
 			e = m
 		}
-		if d.started[e] > 0 && d.heardMax[e] <= m-k {
+		if d.started[e] > 0 && d.heardMax[e] <= m-k-1 {
 			isolated = true
 		}
 	}

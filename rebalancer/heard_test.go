@@ -66,8 +66,8 @@ func repeatMode(m shares.Mode, n int64) []shares.Mode {
 // fall back; they hold while ap's reports are missing (from K-1 epochs,
 // when ap's last report shows it heard nobody since K epochs, fitting
 // under max(ap's last claim, its default)), count ap at the default once
-// no region they know of heard it for 2K-1 epochs, and eu grows again
-// above the default. ap, having heard nobody for 2K epochs, rises from
+// no region they know of heard it for K+R-1 epochs (2K-1 with K = R = 3), and eu grows again
+// above the default. ap, having heard nobody for K+R epochs, rises from
 // its low share to the default it is counted at (package doc, "Rise").
 // Before the heard matrix eu and us fell back too
 // (TestPartitionThenHeal).
@@ -90,11 +90,11 @@ func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, c.share("eu", hot, from).RateMilli, lim.RateMilli*85/100)
 	require.Less(t, c.share("ap", hot, from).RateMilli, def.RateMilli/2)
-	const k, s = 3, 4 // K and the silence bound 2K-2
+	const k, r, s = 3, 3, 4 // K, R = max(3, K-1) and the silence bound K+R-2
 	var held, fitEU, fitUS, apLow int64
 	for e := from; e < to; e++ {
 		c.step(e, demand)
-		if e == from+2*k-2 {
+		if e == from+k+r-2 {
 			apLow = c.share("ap", hot, e+1).RateMilli // before the rise
 		}
 		if e == from+k-3 {
@@ -106,8 +106,8 @@ func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 	}
 	assert.Equal(t, repeatMode(shares.Fallback, to-from-k), modes(c, "ap", from+k, to))
 	// ap's last report received is of from-1: it rises at the decision
-	// of from-1+2K, and not before.
-	assertRises(t, c, "ap", from-1+2*k, to)
+	// of from-1+K+R, and not before.
+	assertRises(t, c, "ap", from-1+k+r, to)
 	assert.Less(t, apLow, def.RateMilli/2)
 	assert.Equal(t, def, c.share("ap", hot, to))
 	for _, name := range []string{"eu", "us"} {
@@ -126,7 +126,7 @@ func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 	// Missing for K-1 epochs, its last report saying it heard nobody in
 	// the last K, not yet silent: ap is counted at max(its last claim,
 	// the default), since it may rise to the default once it has heard
-	// nobody for 2K epochs, and its store may have restarted empty and
+	// nobody for K+R epochs, and its store may have restarted empty and
 	// enforce the default (TestBinariesRedisKilled), so eu and us fit
 	// under what ap's default leaves.
 	assert.LessOrEqual(t, fitEU+fitUS, lim.RateMilli-def.RateMilli)
@@ -222,7 +222,7 @@ func TestFiveRegionsMinorityCut(t *testing.T) {
 // ap hears nobody (everyone hears it), ap falls back and the others, a
 // majority, keep deciding from its reports; since those show that ap heard
 // nobody for K epochs, they count it at the default and do not grow
-// (holding, fitted under its default), and ap, having heard nobody for 2K
+// (holding, fitted under its default), and ap, having heard nobody for K+R
 // epochs, rises to the default (package doc, "Rise"). (Before the heard
 // matrix both cases made every region fall back.)
 func TestAsymmetricLoss(t *testing.T) {
@@ -239,7 +239,7 @@ func TestAsymmetricLoss(t *testing.T) {
 			for e := e0; e < to; e++ {
 				c.step(e, d)
 			}
-			const k = 3
+			const k, r = 3, 3 // K and R = max(3, K-1)
 			def := c.policies["api"].Default()
 			assert.Equal(t, repeatMode(shares.Fallback, to-from-k), modes(c, "ap", from+k, to))
 			for _, name := range []string{"eu", "us"} {
@@ -257,7 +257,7 @@ func TestAsymmetricLoss(t *testing.T) {
 			for _, name := range []string{"eu", "us"} {
 				assert.Equal(t, repeatMode(shares.Hold, to-from-k), modes(c, name, from+k, to), name)
 			}
-			assertRises(t, c, "ap", from-1+2*k, to)
+			assertRises(t, c, "ap", from-1+k+r, to)
 			assert.Equal(t, def, c.share("ap", hot, to))
 			assert.LessOrEqual(t, c.share("eu", hot, to).RateMilli+c.share("us", hot, to).RateMilli, c.policies["api"].RateMilli-def.RateMilli)
 		})
@@ -331,7 +331,7 @@ func TestClique(t *testing.T) {
 }
 
 // TestDefaultWarmupAllowsTheMajorityRule: the default configuration's
-// warm-up is the 2K-1 epochs the majority rule needs.
+// warm-up is 2K-1 epochs, at least the K+R-1 the majority rule needs.
 func TestDefaultWarmupAllowsTheMajorityRule(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Regions = "ap", three
@@ -340,15 +340,18 @@ func TestDefaultWarmupAllowsTheMajorityRule(t *testing.T) {
 	c, err := New(cfg, PolicyMap{})
 	require.NoError(t, err)
 	assert.True(t, c.majorityOn())
-	assert.Equal(t, 2*cfg.SilenceEpochs-2, c.silenceBound())
+	// R = max(3, K-1) = 4: silent after K+R-1 = 8 epochs (9 before the
+	// records' lifetime was R), rising after K+R = 9.
+	assert.Equal(t, int64(4), cfg.RecordEpochs)
+	assert.Equal(t, cfg.SilenceEpochs+cfg.RecordEpochs-2, c.silenceBound())
 }
 
 // TestUnheardRegionThatGrewThenCrashed: ap's reports stop reaching anyone
 // while it still hears everyone, so it goes on growing (its views are
 // complete) for a few epochs, then its coordinator dies with records above
 // the default. eu and us must not count ap at the default before those
-// records expire: silence takes 2K-1 epochs, not K+1 (package doc, the
-// lemma and (2)).
+// records expire: silence takes K+R-1 epochs (5 here, 2K-1), not K+1
+// (package doc, the lemma and (2)).
 func TestUnheardRegionThatGrewThenCrashed(t *testing.T) {
 	from := e0 + 12
 	c := heardCluster(t, three, cut{drop: func(f, _ int, e int64) bool { return e >= from && f == 0 }})
@@ -386,11 +389,11 @@ func TestUnheardRegionThatGrewThenCrashed(t *testing.T) {
 }
 
 // TestShortWarmupKeepsTheRuleBeforeTheMatrix: with K = 5 and a warm-up of
-// K+1 (below the 2K-1 the majority rule needs), a cut makes every region
+// K+1 (below the max(2K-1, K+R-1) the majority rule needs), a cut makes every region
 // fall back as before the heard matrix. It has to: here ap, cut off with a
 // small share, crashes and restarts while cut; its new coordinator rises
 // to the default after its 6-epoch warm-up, before the others would count
-// it silent (2K-1 = 9 epochs), so a majority still holding shares sized for
+// it silent (K+R-1 = 8 epochs), so a majority still holding shares sized for
 // ap's small claim would push the sum above L.
 func TestShortWarmupKeepsTheRuleBeforeTheMatrix(t *testing.T) {
 	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}}
