@@ -194,6 +194,9 @@ func runHeardInto(t testing.TB, out **cluster, s scenario, cuts []linkCut, seed 
 	*out = c
 	c.fresh, c.pubFail = s.fresh, s.pubFail
 	c.fixRegionsAt(base)
+	if s.skew > 0 {
+		c.setSkew(s.skew, s.skewSeed)
+	}
 	c.checkRef = ref
 	c.skip, c.late, c.unknown, c.incomplete = s.skip, s.late, s.unknown, s.incomplete
 	for e := int64(0); e < s.epochs; e++ {

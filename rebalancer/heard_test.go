@@ -1,6 +1,8 @@
 package rebalancer
 
 import (
+	"time"
+
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -426,4 +428,52 @@ func TestShortWarmupKeepsTheRuleBeforeTheMatrix(t *testing.T) {
 	for _, name := range []string{"eu", "us"} {
 		assert.Contains(t, modes(c, name, from+5, to), shares.Fallback, name)
 	}
+}
+
+// TestRiseWaitsForRecordsUnderClockSkew plays the worst case of the rise
+// (package doc, "Rise"): ap hears nobody from epoch from on, but its
+// report of from (which says it heard from-1 = h) still reaches eu and
+// us, so they count it at the default only from their decisions of h+K+1
+// on; eu, which has the demand and a share sized for ap's small claim,
+// crashes after its decision of h+K, whose record lives until the start
+// of h+K+R. ap's clock is 3 s ahead of the others (the clock assumption
+// allows up to (Epoch-MaxWait)/2 = 4 s in the harness). ap rises at its
+// decision of h+K+R, after that record expired; one epoch sooner its
+// rise would take effect, in true time, while eu's record is still in
+// force, and the enforced sum would exceed L.
+func TestRiseWaitsForRecordsUnderClockSkew(t *testing.T) {
+	ap, eu := 0, 1 // sorted: ap, eu, us
+	from, to := e0+12, e0+24
+	c := heardCluster(t, three, cut{drop: func(f, tt int, e int64) bool {
+		return e >= from && tt == ap || e >= from+1 && f == ap
+	}})
+	c.setSkew(3*time.Second, 1)
+	for i, h := range c.regs {
+		h.offset = 0
+		if i == ap {
+			h.offset = 3 * time.Second
+		}
+	}
+	lim := c.policies["api"]
+	def := lim.Default()
+	demand := func(i int, _ Key) int64 {
+		if i == eu {
+			return 40_000
+		}
+		return 500
+	}
+	const k, r = 3, 3 // K and R = max(3, K-1)
+	h := from - 1     // the last epoch of a report ap receives
+	for e := e0; e < to; e++ {
+		if e == h+k+1 {
+			c.regs[eu].up = false // its last decision is of h+K
+		}
+		c.step(e, demand)
+		if e == h+k {
+			require.Greater(t, c.share("eu", hot, e+2).RateMilli+c.share("us", hot, e+2).RateMilli+def.RateMilli, lim.RateMilli,
+				"eu's record of its decision of h+K, with ap at the default, exceeds L")
+		}
+	}
+	assertRises(t, c, "ap", h+k+r, to)
+	assert.Equal(t, def, c.share("ap", hot, to))
 }
