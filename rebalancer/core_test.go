@@ -93,6 +93,8 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.RiseSmoothingPermille = 1001 }, "RiseSmoothingPermille"},
 		{func(c *Config) { c.IdleTTLEpochs = 5 }, "IdleTTLEpochs"},
 		{func(c *Config) { c.WarmupEpochs = 2 }, "WarmupEpochs"},
+		{func(c *Config) { c.RecordEpochs = 2 }, "RecordEpochs 2 not in 3..SilenceEpochs+1 = 6"},
+		{func(c *Config) { c.RecordEpochs = 7 }, "RecordEpochs 7 not in 3..SilenceEpochs+1 = 6"},
 		{func(c *Config) { c.Shares.FloorPermille = -1 }, "FloorPermille"},
 	} {
 		cfg := testConfig("a", "a", "b")
