@@ -434,7 +434,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		// (see decide).
 		if !warm && c.cfg.ShrinkAtCollect && kind == usageExact {
 			// A record above the default written now expires at the start
-			// of c.decided+K (record); after missed epochs that may be
+			// of c.decided+R (record); after missed epochs that may be
 			// already past, and the share is then not worth writing.
 			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), c.keepRate(k, rate, now)); err == nil && kept != st.share && kept != clamp(st.share, lim) &&
 				(!lim.AboveDefault(kept) || c.decided+c.recordEpochs() > m+1) {
