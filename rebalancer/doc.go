@@ -311,14 +311,16 @@
 // Checked: TestRiseWaitsForRecordsUnderClockSkew plays the worst case (q's
 // report of h+1 saying it heard h reaches the others; a region with a share
 // sized for q's small claim crashes after its decision of h+K; q's clock 3
-// s ahead, within the clock assumption) and fails when q rises one epoch
-// sooner (h+K+R-1), the margin of step 3 being for clocks; the random
-// property tests (TestMajorityRuleKeepsSumWithinLimit, TestSafetyUnderChaos
-// and TestTransfersSafetyUnderChaos, which require rises; half of their
-// scenarios without transfers run with clocks apart by up to the clock
-// assumption allows) fail when it rises two epochs sooner, or when an
-// isolated region is not counted at the default, but not at one epoch
-// sooner: the worst case is too rare in them.
+// s ahead, within the clock assumption), and the random property tests
+// (TestMajorityRuleKeepsSumWithinLimit, TestMajorityRuleMatchesReference:
+// their "isolate-late" cuts draw the same case with random clocks;
+// TestSafetyUnderChaos and TestTransfersSafetyUnderChaos, which require
+// rises; half of the scenarios without transfers run with clocks apart by
+// up to what the clock assumption allows here) check the sum. Rising one
+// epoch sooner (h+K+R-1) fails the scripted test and the first two
+// property tests (the margin of step 3 is for clocks: with one clock it
+// passes), two epochs sooner all of them; not counting an isolated region
+// at the default fails them too.
 
 // The heard matrix (relayed rows) is not needed by this argument (the rows
 // it uses are a's own, direct, reports of w); it makes silence stricter:
