@@ -84,7 +84,7 @@ func (c *Core) Adopt(now time.Time, records []ShareRecord) ([]Update, error) {
 		case r.ExpireAt.IsZero():
 			st.writtenAt = math.MinInt64 / 2
 		case short:
-			st.writtenAt = EpochOf(r.ExpireAt, c.cfg.Epoch) - c.cfg.SilenceEpochs - 1
+			st.writtenAt = EpochOf(r.ExpireAt, c.cfg.Epoch) - c.recordEpochs()
 		default:
 			st.writtenAt = EpochOf(r.ExpireAt, c.cfg.Epoch) - c.cfg.IdleTTLEpochs
 		}

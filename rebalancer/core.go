@@ -433,8 +433,12 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		// it at their decision of this very epoch. Never during warm-up
 		// (see decide).
 		if !warm && c.cfg.ShrinkAtCollect && kind == usageExact {
-			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), c.keepRate(k, rate, now)); err == nil && kept != st.share && kept != clamp(st.share, lim) {
-				out.Updates = append(out.Updates, c.record(k, st, lim, kept, m))
+			// A record above the default written now expires at the start
+			// of c.decided+R (record); after missed epochs that may be
+			// already past, and the share is then not worth writing.
+			if kept, err := c.cfg.Shares.Keep(lim, clamp(st.share, lim), c.keepRate(k, rate, now)); err == nil && kept != st.share && kept != clamp(st.share, lim) &&
+				(!lim.AboveDefault(kept) || c.decided+c.recordEpochs() > m+1) {
+				out.Updates = append(out.Updates, c.record(k, st, lim, kept, c.decided))
 				st.share = kept
 				c.stats.Kept++
 			}
@@ -723,7 +727,6 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		c.passes++
 		c.remote[i].indexed, c.remote[i].indexedAt = s.id, c.passes
 	}
-	k := c.cfg.SilenceEpochs
 	// In key order, so that the updates come out sorted.
 	for _, e := range c.tidy() {
 		key, st := e.key, e.st
@@ -765,7 +768,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			st.want = shares.Share{} // (kept for a second decision)
 		}
 		def := lim.Default()
-		refresh := st.record && (st.short && m >= st.writtenAt+k-1 || !st.short && m >= st.writtenAt+c.cfg.IdleTTLEpochs/2)
+		refresh := st.record && (st.short && m >= st.writtenAt+c.recordEpochs()-2 || !st.short && m >= st.writtenAt+c.cfg.IdleTTLEpochs/2)
 		// During warm-up nothing is written: records of a previous
 		// coordinator may still be counted by the others at its last
 		// claims, and any write (even the default) could raise them.
@@ -805,21 +808,32 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 	return d
 }
 
-// record returns the update that writes share next for key, decided or
-// kept at epoch m, and notes the write in st.
-func (c *Core) record(key Key, st *keyState, lim shares.Limit, next shares.Share, m int64) Update {
+// record returns the update that writes share next for key and notes
+// the write in st. d is the epoch of the decision that bounds next: the
+// epoch decided, for a decision's write; the last epoch decided
+// (c.decided), for a write between decisions (a shrink at collection, a
+// gift given or accepted), whose share that decision bounds. A record
+// above the default expires at the start of d+R, R = recordEpochs(), one
+// epoch before the proofs of the rise and of silence need it gone
+// (package doc, "Share records and their lifetime").
+func (c *Core) record(key Key, st *keyState, lim shares.Limit, next shares.Share, d int64) Update {
 	u := Update{Key: key, Share: next}
 	switch {
 	case next == lim.Default():
 		u.Delete = true
 	case lim.AboveDefault(next):
-		u.ExpireAt = EpochStart(m+c.cfg.SilenceEpochs+1, c.cfg.Epoch)
+		u.ExpireAt = EpochStart(d+c.recordEpochs(), c.cfg.Epoch)
 	default:
-		u.ExpireAt = EpochStart(m+c.cfg.IdleTTLEpochs, c.cfg.Epoch)
+		u.ExpireAt = EpochStart(d+c.cfg.IdleTTLEpochs, c.cfg.Epoch)
 	}
-	st.synced, st.record, st.writtenAt, st.short = true, !u.Delete, m, lim.AboveDefault(next)
+	st.synced, st.record, st.writtenAt, st.short = true, !u.Delete, d, lim.AboveDefault(next)
 	return u
 }
+
+// recordEpochs is R = Config.RecordEpochs, the lifetime of a share record
+// above the default in epochs from the start of the epoch of the decision
+// that bounds it (see record).
+func (c *Core) recordEpochs() int64 { return c.cfg.RecordEpochs }
 
 // smooth returns the next smoothed demand from the previous one and the
 // rate of the epoch just ended (milli units per second): an exponentially

@@ -93,6 +93,8 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.RiseSmoothingPermille = 1001 }, "RiseSmoothingPermille"},
 		{func(c *Config) { c.IdleTTLEpochs = 5 }, "IdleTTLEpochs"},
 		{func(c *Config) { c.WarmupEpochs = 2 }, "WarmupEpochs"},
+		{func(c *Config) { c.RecordEpochs = 2 }, "RecordEpochs 2 not in 3..SilenceEpochs+1 = 6"},
+		{func(c *Config) { c.RecordEpochs = 7 }, "RecordEpochs 7 not in 3..SilenceEpochs+1 = 6"},
 		{func(c *Config) { c.Shares.FloorPermille = -1 }, "FloorPermille"},
 	} {
 		cfg := testConfig("a", "a", "b")
@@ -163,14 +165,15 @@ func TestTimeline(t *testing.T) {
 	assert.True(t, d.Complete)
 	require.Len(t, d.Updates, 1)
 	assert.Greater(t, d.Updates[0].Share.RateMilli, lim.Default().RateMilli)
-	assert.Equal(t, EpochStart(e0+6+4, 10*time.Second), d.Updates[0].ExpireAt, "above default: K+1 epochs")
+	assert.Equal(t, EpochStart(e0+6+3, 10*time.Second), d.Updates[0].ExpireAt, "above default: until the start of the decided epoch + K")
 	// A region with all the demand gets >= 90% of L within a few epochs.
 	c.step(e0+7, demand)
 	s := c.share("eu", hot, e0+8)
 	assert.GreaterOrEqual(t, s.RateMilli, lim.RateMilli*9/10, "%+v", s)
 	assert.GreaterOrEqual(t, s.BurstMilli, lim.BurstMilli*9/10, "%+v", s)
 	// Unchanged shares are not rewritten, but records above the default
-	// are refreshed every K-1 epochs before they expire.
+	// are refreshed every K-2 epochs before they expire: with K = 3, at
+	// every decision.
 	for e := e0 + 8; e < e0+14; e++ {
 		c.step(e, demand)
 	}
@@ -178,7 +181,12 @@ func TestTimeline(t *testing.T) {
 	for _, d := range eu.decisions[10:14] {
 		writes += len(d.Updates)
 	}
-	assert.Equal(t, 2, writes, "refreshes only: %+v", eu.decisions[10:14])
+	assert.Equal(t, 4, writes, "refreshes only: %+v", eu.decisions[10:14])
+	for _, d := range eu.decisions[10:14] {
+		for _, u := range d.Updates {
+			assert.Equal(t, s, u.Share, "a refresh writes the same share")
+		}
+	}
 	assert.Equal(t, s, c.share("eu", hot, e0+14))
 }
 

@@ -31,6 +31,22 @@ type hregion struct {
 	decisions []Decision
 	reports   []*Report // reports it published (by every Core of the region)
 	fresh     bool      // its Core skipped the warm-up (StartFresh)
+	// offset is how far this region's clock (its coordinator's and its
+	// Redis's) is ahead of true time, with cluster.skew: every event the
+	// harness plays at t happens at true time t - offset, and a record
+	// expires at its ExpireAt - offset.
+	offset time.Duration
+	// hist is every write to the store, at true times (with cluster.skew).
+	hist map[Key][]hwrite
+}
+
+// hwrite is one write to a region's store, at true time at; a delete is
+// a record at the default that never expires.
+type hwrite struct {
+	at       time.Time
+	share    shares.Share
+	expireAt time.Time // true time; zero: never
+	del      bool
 }
 
 type msg struct {
@@ -100,6 +116,81 @@ type cluster struct {
 	// freshRestarts counts Cores that started fresh after an earlier Core
 	// of their region had reported (an outage longer than the span).
 	freshRestarts int
+	// skew, when positive, gives each region a clock ahead of true time by
+	// a random offset in [0, skew] (set it with setSkew, below half of
+	// Epoch - MaxWait: the clock assumption of the package doc, since a
+	// decision may come as late as (Epoch+MaxWait)/2 into its epoch here).
+	// The enforced sum is then checked at true times: after every write,
+	// at every instant another region's write already seen happens later
+	// than it, and at every region's epoch starts.
+	skew time.Duration
+}
+
+// setSkew draws every region's clock offset in [0, max] from seed (not
+// from the cluster's random stream, which the scenario's events use).
+func (c *cluster) setSkew(max time.Duration, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 9))
+	c.skew = max
+	for _, h := range c.regs {
+		h.offset = time.Duration(r.Int64N(int64(max) + 1))
+		h.hist = map[Key][]hwrite{}
+	}
+}
+
+// enforcedAt is what region h enforces for key at true time t (skew).
+func (c *cluster) enforcedAt(h *hregion, k Key, t time.Time) shares.Share {
+	ws := h.hist[k]
+	for i := len(ws) - 1; i >= 0; i-- {
+		w := ws[i]
+		if w.at.After(t) {
+			continue
+		}
+		if w.del || !w.expireAt.IsZero() && !t.Before(w.expireAt) {
+			break
+		}
+		return w.share
+	}
+	return c.limit(k, t).Default()
+}
+
+// checkAt asserts the invariant at true time t over the write histories
+// (skew).
+func (c *cluster) checkAt(t time.Time) {
+	for _, k := range c.keys {
+		lim := c.limit(k, t)
+		if c.limitAt != nil {
+			lim2 := c.limit(k, t.Add(-c.cfg.Epoch-c.cfg.MaxWait))
+			lim.RateMilli, lim.BurstMilli = max(lim.RateMilli, lim2.RateMilli), max(lim.BurstMilli, lim2.BurstMilli)
+		}
+		var sum shares.Share
+		for _, h := range c.regs {
+			s := c.enforcedAt(h, k, t)
+			sum.RateMilli += s.RateMilli
+			sum.BurstMilli += s.BurstMilli
+		}
+		if sum.RateMilli > lim.RateMilli || sum.BurstMilli > lim.BurstMilli {
+			var parts []string
+			for _, h := range c.regs {
+				parts = append(parts, fmt.Sprintf("%s(clock +%v)=%+v", h.name, h.offset, c.enforcedAt(h, k, t)))
+			}
+			c.t.Fatalf("at true time %v (epoch %d) key %v: enforced sum %+v exceeds limit %+v: %v",
+				t, EpochOf(t, c.cfg.Epoch), k, sum, lim, parts)
+		}
+	}
+}
+
+// checkSkewed checks at true time t and at every later instant of a write
+// of another region already recorded (a write played later by the harness
+// may happen earlier in true time).
+func (c *cluster) checkSkewed(t time.Time) {
+	c.checkAt(t)
+	for _, h := range c.regs {
+		for _, ws := range h.hist {
+			for i := len(ws) - 1; i >= 0 && ws[i].at.After(t); i-- {
+				c.checkAt(ws[i].at)
+			}
+		}
+	}
 }
 
 func newCluster(t testing.TB, r *rand.Rand, names []string, cfg Config, policies PolicyMap, keys []Key, n net) *cluster {
@@ -204,6 +295,18 @@ func (c *cluster) apply(h *hregion, now time.Time, ups []Update) {
 		}
 		require.True(c.t, u.ExpireAt.After(now), "update %+v expires before it is written at %v", u, now)
 		h.store[u.Key] = record{share: u.Share, expireAt: u.ExpireAt}
+	}
+	if c.skew > 0 {
+		at := now.Add(-h.offset)
+		for _, u := range ups {
+			w := hwrite{at: at, share: u.Share, del: u.Delete}
+			if !u.Delete {
+				w.expireAt = u.ExpireAt.Add(-h.offset)
+			}
+			h.hist[u.Key] = append(h.hist[u.Key], w)
+		}
+		c.checkSkewed(at)
+		return // (the scenarios without skew check the run with every clock right)
 	}
 	c.check(now)
 }
@@ -315,6 +418,12 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 			}
 		}
 	}
+	// Every region's epoch start, in true time (expiries happen there).
+	for _, h := range c.regs {
+		if c.skew > 0 {
+			c.checkAt(end.Add(-h.offset))
+		}
+	}
 	c.check(end)
 	if c.afterCollect != nil {
 		c.afterCollect(e)
@@ -330,15 +439,22 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		decide  int
 		xfer    bool // a transfer tick (c.xfer)
 	}
-	var events, lateEvents []event
+	var events, lateEvents, afterMid []event
 	var keep []msg
 	for idx := range c.inflight {
 		m := c.inflight[idx]
+		// With skew, a report arrives no sooner in true time than its
+		// sender published it (at its collection): a receiver whose clock
+		// is ahead of the sender's by more than MaxWait/2 gets it only
+		// after its decisions at mid, by more than MaxWait only late.
+		ahead := c.regs[m.to].offset - c.regs[c.index(m.rep.Region)].offset
 		switch {
 		case m.due > e:
 			keep = append(keep, m)
-		case c.late > 0 && c.r.Float64() < c.late:
+		case c.late > 0 && c.r.Float64() < c.late || c.skew > 0 && ahead > c.cfg.MaxWait:
 			lateEvents = append(lateEvents, event{deliver: &m})
+		case c.skew > 0 && ahead > c.cfg.MaxWait/2:
+			afterMid = append(afterMid, event{deliver: &m})
 		default:
 			events = append(events, event{deliver: &m})
 		}
@@ -396,6 +512,9 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		} else {
 			deferred = append(deferred, ev.decide)
 		}
+	}
+	for _, ev := range afterMid {
+		deliver(ev.deliver)
 	}
 	for _, i := range deferred {
 		h := c.regs[i]
@@ -535,12 +654,12 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		}
 		return direct{last: -1 << 62, heardSelf: -1}
 	}
-	// With WarmupEpochs >= 2K-1 the majority rule applies, and silence
-	// takes 2K-1 epochs instead of K+1.
-	on := cfg.WarmupEpochs >= 2*k-1
+	// With WarmupEpochs >= max(2K-1, K+R-1) the majority rule applies, and
+	// silence takes K+R-1 epochs instead of K+1 (R = RecordEpochs).
+	on := cfg.WarmupEpochs >= max(2*k-1, k+cfg.RecordEpochs-1)
 	sb := k
 	if on {
-		sb = 2*k - 2
+		sb = k + cfg.RecordEpochs - 2
 	}
 	silent := func(name string) bool {
 		if d := dirOf(name); d.any && d.last > m-sb-1 {
@@ -602,7 +721,7 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		}
 	}
 	// A region (not silent, not unheard) whose report in the view (of m,
-	// else its latest) says it heard nobody else in epochs m-K..m may
+	// else its latest) says it heard nobody else in epochs m-K-1..m may
 	// rise to the default: no growth while one is in the view.
 	isolated := false
 	for _, q := range names {
@@ -614,7 +733,7 @@ func refMode(h *hregion, c *cluster, m int64) shares.Mode {
 		if d.has {
 			e = m
 		}
-		if d.started[e] > 0 && d.heardMax[e] <= m-k {
+		if d.started[e] > 0 && d.heardMax[e] <= m-k-1 {
 			isolated = true
 		}
 	}

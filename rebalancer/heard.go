@@ -224,19 +224,24 @@ func clique(adj []uint32, set uint32, k int) bool {
 }
 
 // majorityOn reports whether the configuration allows the majority rule:
-// WarmupEpochs >= 2K-1 (see the package doc: a restarted region must not
-// rise to the default before the others count it silent, S+1 epochs).
+// WarmupEpochs >= max(2K-1, S+1) with S = K+R-2 the majority rule's
+// silence bound (see the package doc: a restarted region must not rise to
+// the default before the others count it silent, S+1 epochs; 2K-1 is the
+// bound of the rule's first version, kept so that no configuration that
+// ran without the majority rule runs with it now).
 func (c *Core) majorityOn() bool {
-	return c.cfg.WarmupEpochs >= 2*c.cfg.SilenceEpochs-1
+	k := c.cfg.SilenceEpochs
+	return c.cfg.WarmupEpochs >= max(2*k-1, k+c.recordEpochs()-1)
 }
 
 // silenceBound is S: a region is silent after S+1 epochs without a report
-// of it. S = 2K-2 with the majority rule (the records above the default of
-// a region that grew while its reports were lost expire by then: package
-// doc), else K as before the heard matrix.
+// of it. S = K+R-2 with the majority rule (R = Config.RecordEpochs: the
+// records above the default of a region that grew while its reports were
+// lost expire an epoch before; package doc, "Why a silent region is at
+// most the default"), else K as before the heard matrix.
 func (c *Core) silenceBound() int64 {
 	if c.majorityOn() {
-		return 2*c.cfg.SilenceEpochs - 2
+		return c.cfg.SilenceEpochs + c.recordEpochs() - 2
 	}
 	return c.cfg.SilenceEpochs
 }
@@ -309,11 +314,14 @@ func overCommittedUnheard(lim shares.Limit, in []shares.RegionInput, unheard []i
 
 // isolated returns the regions (not this one, not silent, not in unheard)
 // whose report in the view of epoch m says they heard no other region in
-// epochs m-K+1..m: a region that hears nobody for long enough raises its
+// epochs m-K..m: a region that hears nobody for long enough raises its
 // shares to the default in fallback (rises), so such a region is counted
 // at max(its claim, the default), as an unheard one, and no growth is
 // decided while one is in the view (package doc, "Rise"). Reports of
-// older senders (Started 0) never show it: those never rise.
+// older senders (Started 0) never show it: those never rise. (K+1 epochs,
+// not K: a region that heard nobody after h rises at h+K+R, and only the
+// decisions of h+K+1 on must count it at the default; counting it one
+// epoch sooner lowered shares for nothing.)
 func (c *Core) isolated(m int64, silent, unheard []int) []int {
 	if c.fallback {
 		return nil
@@ -323,7 +331,7 @@ func (c *Core) isolated(m int64, silent, unheard []int) []int {
 		if i == c.self || slices.Contains(silent, i) || slices.Contains(unheard, i) {
 			continue
 		}
-		if s := c.reportFor(i, m); s != nil && s.started > 0 && s.heardMax <= m-c.cfg.SilenceEpochs {
+		if s := c.reportFor(i, m); s != nil && s.started > 0 && s.heardMax <= m-c.cfg.SilenceEpochs-1 {
 			out = append(out, i)
 		}
 	}
@@ -348,10 +356,11 @@ func (c *Core) heardLast() int64 {
 // raises its shares to the default: it is out of warm-up, the majority
 // rule is on (every region then runs the rules that count it at the
 // default: isolated, unheard, silent), and it heard no other region for
-// 2K epochs, m >= heardLast()+2K. Every decision of epoch heardLast()+K or
-// later, by any region, then counts it at the default or more, and every
-// record decided before that and above the default has expired (package
-// doc, "Rise").
+// K+R epochs (R = Config.RecordEpochs), m >= heardLast()+K+R. Every
+// decision of epoch heardLast()+K+1 or later, by any region, then counts
+// it at the default or more, and every record decided before that and
+// above the default has expired an epoch before this rise takes effect
+// (package doc, "Rise").
 func (c *Core) rises(m int64) bool {
-	return c.fallback && !c.warm(m) && c.majorityOn() && m >= c.heardLast()+2*c.cfg.SilenceEpochs
+	return c.fallback && !c.warm(m) && c.majorityOn() && m >= c.heardLast()+c.cfg.SilenceEpochs+c.recordEpochs()
 }

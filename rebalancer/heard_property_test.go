@@ -57,7 +57,7 @@ func (h *heardNet) route(r *rand.Rand, from, to int, e int64) []int64 {
 }
 
 // cutKinds names the topologies heardScenario draws.
-var cutKinds = []string{"minority", "split", "non-transitive", "one-way", "random-links", "isolate-in", "isolate-out"}
+var cutKinds = []string{"minority", "split", "non-transitive", "one-way", "random-links", "isolate-in", "isolate-out", "isolate-late"}
 
 // heardScenario draws a scenario of randScenario's kind with the
 // partitions replaced by link cuts of one or two of cutKinds.
@@ -92,10 +92,12 @@ func heardScenario(r *rand.Rand) (scenario, []linkCut, []string) {
 	}
 	s.demand = nil
 	hot := r.IntN(n)
+	hotAt := make([]int, s.epochs) // the region with most of the demand
 	for e := int64(0); e < s.epochs; e++ {
 		if r.IntN(8) == 0 {
 			hot = r.IntN(n)
 		}
+		hotAt[e] = hot
 		byRegion := make([][]int64, n)
 		for i := range byRegion {
 			byRegion[i] = make([]int64, len(s.keys))
@@ -113,6 +115,7 @@ func heardScenario(r *rand.Rand) (scenario, []linkCut, []string) {
 	}
 	var cuts []linkCut
 	var kinds []string
+	var late *crash
 	for range 1 + r.IntN(2) {
 		kind := cutKinds[r.IntN(len(cutKinds))]
 		kinds = append(kinds, kind)
@@ -154,6 +157,30 @@ func heardScenario(r *rand.Rand) (scenario, []linkCut, []string) {
 					}
 				}
 			}
+		case "isolate-late":
+			// The rise's worst case (TestRiseWaitsForRecordsUnderClockSkew):
+			// perm[0] hears nobody from `from` on, but its next report (which
+			// says it heard from-1) still reaches the others; the region with
+			// the demand crashes after its decision of from-1+K, with a share
+			// sized for perm[0]'s claim; clocks apart.
+			k := s.cfg.SilenceEpochs
+			rr := s.cfg.RecordEpochs
+			if rr == 0 {
+				rr = max(3, k-1) // Validate's default
+			}
+			to = from + k + rr + 2 + r.Int64N(10)
+			for b := 0; b < n; b++ {
+				if b != perm[0] {
+					cuts = append(cuts, linkCut{from: from, to: to, a: b, b: perm[0], oneWay: true},
+						linkCut{from: from + 1, to: to, a: perm[0], b: b, oneWay: true})
+				}
+			}
+			if at := from + k; at < s.epochs && hotAt[at-1] != perm[0] {
+				late = &crash{region: hotAt[at-1], from: at, to: at + 1 + r.Int64N(4)}
+			}
+			if s.skew == 0 {
+				s.skew, s.skewSeed = (s.cfg.Epoch-s.cfg.MaxWait)/2-time.Millisecond, r.Uint64()
+			}
 		case "isolate-in", "isolate-out":
 			for b := 0; b < n; b++ {
 				if b == perm[0] {
@@ -175,6 +202,9 @@ func heardScenario(r *rand.Rand) (scenario, []linkCut, []string) {
 		from := l.from + r.Int64N(3)
 		s.crashes = []crash{{region: l.a, from: from, to: from + 1 + r.Int64N(4)}}
 	}
+	if late != nil {
+		s.crashes = []crash{*late}
+	}
 	return s, cuts, kinds
 }
 
@@ -194,6 +224,9 @@ func runHeardInto(t testing.TB, out **cluster, s scenario, cuts []linkCut, seed 
 	*out = c
 	c.fresh, c.pubFail = s.fresh, s.pubFail
 	c.fixRegionsAt(base)
+	if s.skew > 0 {
+		c.setSkew(s.skew, s.skewSeed)
+	}
 	c.checkRef = ref
 	c.skip, c.late, c.unknown, c.incomplete = s.skip, s.late, s.unknown, s.incomplete
 	for e := int64(0); e < s.epochs; e++ {
@@ -271,9 +304,10 @@ func TestMajorityRuleKeepsSumWithinLimit(t *testing.T) {
 		}
 	}
 	t.Logf("decisions %d: fallback %d (risen to the default %d), out of fallback with a silent region %d (growing %d, updates above the default %d), keys capped %d", total, fallback, rose, majority, growSilent, aboveSilent, capped)
-	// Regions that heard nobody for 2K epochs rose to the default
-	// (package doc, "Rise"): rising sooner (2K-2), or others counting such
-	// a region at its claim, pushes the sum above L here.
+	// Regions that heard nobody for K+R epochs rose to the default
+	// (package doc, "Rise"): rising one epoch sooner (K+R-1; the
+	// "isolate-late" cuts with clocks apart), or others counting such a
+	// region at its claim, pushes the sum above L here.
 	require.Greater(t, rose, total/500)
 	require.Greater(t, majority, total/50)
 	require.Greater(t, growSilent, total/100)

@@ -1,6 +1,8 @@
 package rebalancer
 
 import (
+	"time"
+
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -66,8 +68,8 @@ func repeatMode(m shares.Mode, n int64) []shares.Mode {
 // fall back; they hold while ap's reports are missing (from K-1 epochs,
 // when ap's last report shows it heard nobody since K epochs, fitting
 // under max(ap's last claim, its default)), count ap at the default once
-// no region they know of heard it for 2K-1 epochs, and eu grows again
-// above the default. ap, having heard nobody for 2K epochs, rises from
+// no region they know of heard it for K+R-1 epochs (2K-1 with K = R = 3), and eu grows again
+// above the default. ap, having heard nobody for K+R epochs, rises from
 // its low share to the default it is counted at (package doc, "Rise").
 // Before the heard matrix eu and us fell back too
 // (TestPartitionThenHeal).
@@ -90,11 +92,11 @@ func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, c.share("eu", hot, from).RateMilli, lim.RateMilli*85/100)
 	require.Less(t, c.share("ap", hot, from).RateMilli, def.RateMilli/2)
-	const k, s = 3, 4 // K and the silence bound 2K-2
+	const k, r, s = 3, 3, 4 // K, R = max(3, K-1) and the silence bound K+R-2
 	var held, fitEU, fitUS, apLow int64
 	for e := from; e < to; e++ {
 		c.step(e, demand)
-		if e == from+2*k-2 {
+		if e == from+k+r-2 {
 			apLow = c.share("ap", hot, e+1).RateMilli // before the rise
 		}
 		if e == from+k-3 {
@@ -106,8 +108,8 @@ func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 	}
 	assert.Equal(t, repeatMode(shares.Fallback, to-from-k), modes(c, "ap", from+k, to))
 	// ap's last report received is of from-1: it rises at the decision
-	// of from-1+2K, and not before.
-	assertRises(t, c, "ap", from-1+2*k, to)
+	// of from-1+K+R, and not before.
+	assertRises(t, c, "ap", from-1+k+r, to)
 	assert.Less(t, apLow, def.RateMilli/2)
 	assert.Equal(t, def, c.share("ap", hot, to))
 	for _, name := range []string{"eu", "us"} {
@@ -126,7 +128,7 @@ func TestMajorityKeepsServingThroughAPartition(t *testing.T) {
 	// Missing for K-1 epochs, its last report saying it heard nobody in
 	// the last K, not yet silent: ap is counted at max(its last claim,
 	// the default), since it may rise to the default once it has heard
-	// nobody for 2K epochs, and its store may have restarted empty and
+	// nobody for K+R epochs, and its store may have restarted empty and
 	// enforce the default (TestBinariesRedisKilled), so eu and us fit
 	// under what ap's default leaves.
 	assert.LessOrEqual(t, fitEU+fitUS, lim.RateMilli-def.RateMilli)
@@ -222,7 +224,7 @@ func TestFiveRegionsMinorityCut(t *testing.T) {
 // ap hears nobody (everyone hears it), ap falls back and the others, a
 // majority, keep deciding from its reports; since those show that ap heard
 // nobody for K epochs, they count it at the default and do not grow
-// (holding, fitted under its default), and ap, having heard nobody for 2K
+// (holding, fitted under its default), and ap, having heard nobody for K+R
 // epochs, rises to the default (package doc, "Rise"). (Before the heard
 // matrix both cases made every region fall back.)
 func TestAsymmetricLoss(t *testing.T) {
@@ -239,7 +241,7 @@ func TestAsymmetricLoss(t *testing.T) {
 			for e := e0; e < to; e++ {
 				c.step(e, d)
 			}
-			const k = 3
+			const k, r = 3, 3 // K and R = max(3, K-1)
 			def := c.policies["api"].Default()
 			assert.Equal(t, repeatMode(shares.Fallback, to-from-k), modes(c, "ap", from+k, to))
 			for _, name := range []string{"eu", "us"} {
@@ -257,7 +259,7 @@ func TestAsymmetricLoss(t *testing.T) {
 			for _, name := range []string{"eu", "us"} {
 				assert.Equal(t, repeatMode(shares.Hold, to-from-k), modes(c, name, from+k, to), name)
 			}
-			assertRises(t, c, "ap", from-1+2*k, to)
+			assertRises(t, c, "ap", from-1+k+r, to)
 			assert.Equal(t, def, c.share("ap", hot, to))
 			assert.LessOrEqual(t, c.share("eu", hot, to).RateMilli+c.share("us", hot, to).RateMilli, c.policies["api"].RateMilli-def.RateMilli)
 		})
@@ -331,7 +333,7 @@ func TestClique(t *testing.T) {
 }
 
 // TestDefaultWarmupAllowsTheMajorityRule: the default configuration's
-// warm-up is the 2K-1 epochs the majority rule needs.
+// warm-up is 2K-1 epochs, at least the K+R-1 the majority rule needs.
 func TestDefaultWarmupAllowsTheMajorityRule(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Regions = "ap", three
@@ -340,15 +342,18 @@ func TestDefaultWarmupAllowsTheMajorityRule(t *testing.T) {
 	c, err := New(cfg, PolicyMap{})
 	require.NoError(t, err)
 	assert.True(t, c.majorityOn())
-	assert.Equal(t, 2*cfg.SilenceEpochs-2, c.silenceBound())
+	// R = max(3, K-1) = 4: silent after K+R-1 = 8 epochs (9 before the
+	// records' lifetime was R), rising after K+R = 9.
+	assert.Equal(t, int64(4), cfg.RecordEpochs)
+	assert.Equal(t, cfg.SilenceEpochs+cfg.RecordEpochs-2, c.silenceBound())
 }
 
 // TestUnheardRegionThatGrewThenCrashed: ap's reports stop reaching anyone
 // while it still hears everyone, so it goes on growing (its views are
 // complete) for a few epochs, then its coordinator dies with records above
 // the default. eu and us must not count ap at the default before those
-// records expire: silence takes 2K-1 epochs, not K+1 (package doc, the
-// lemma and (2)).
+// records expire: silence takes K+R-1 epochs (5 here, 2K-1), not K+1
+// (package doc, the lemma and (2)).
 func TestUnheardRegionThatGrewThenCrashed(t *testing.T) {
 	from := e0 + 12
 	c := heardCluster(t, three, cut{drop: func(f, _ int, e int64) bool { return e >= from && f == 0 }})
@@ -386,11 +391,11 @@ func TestUnheardRegionThatGrewThenCrashed(t *testing.T) {
 }
 
 // TestShortWarmupKeepsTheRuleBeforeTheMatrix: with K = 5 and a warm-up of
-// K+1 (below the 2K-1 the majority rule needs), a cut makes every region
+// K+1 (below the max(2K-1, K+R-1) the majority rule needs), a cut makes every region
 // fall back as before the heard matrix. It has to: here ap, cut off with a
 // small share, crashes and restarts while cut; its new coordinator rises
 // to the default after its 6-epoch warm-up, before the others would count
-// it silent (2K-1 = 9 epochs), so a majority still holding shares sized for
+// it silent (K+R-1 = 8 epochs), so a majority still holding shares sized for
 // ap's small claim would push the sum above L.
 func TestShortWarmupKeepsTheRuleBeforeTheMatrix(t *testing.T) {
 	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}}
@@ -423,4 +428,52 @@ func TestShortWarmupKeepsTheRuleBeforeTheMatrix(t *testing.T) {
 	for _, name := range []string{"eu", "us"} {
 		assert.Contains(t, modes(c, name, from+5, to), shares.Fallback, name)
 	}
+}
+
+// TestRiseWaitsForRecordsUnderClockSkew plays the worst case of the rise
+// (package doc, "Rise"): ap hears nobody from epoch from on, but its
+// report of from (which says it heard from-1 = h) still reaches eu and
+// us, so they count it at the default only from their decisions of h+K+1
+// on; eu, which has the demand and a share sized for ap's small claim,
+// crashes after its decision of h+K, whose record lives until the start
+// of h+K+R. ap's clock is 3 s ahead of the others (the clock assumption
+// allows up to (Epoch-MaxWait)/2 = 4 s in the harness). ap rises at its
+// decision of h+K+R, after that record expired; one epoch sooner its
+// rise would take effect, in true time, while eu's record is still in
+// force, and the enforced sum would exceed L.
+func TestRiseWaitsForRecordsUnderClockSkew(t *testing.T) {
+	ap, eu := 0, 1 // sorted: ap, eu, us
+	from, to := e0+12, e0+24
+	c := heardCluster(t, three, cut{drop: func(f, tt int, e int64) bool {
+		return e >= from && tt == ap || e >= from+1 && f == ap
+	}})
+	c.setSkew(3*time.Second, 1)
+	for i, h := range c.regs {
+		h.offset = 0
+		if i == ap {
+			h.offset = 3 * time.Second
+		}
+	}
+	lim := c.policies["api"]
+	def := lim.Default()
+	demand := func(i int, _ Key) int64 {
+		if i == eu {
+			return 40_000
+		}
+		return 500
+	}
+	const k, r = 3, 3 // K and R = max(3, K-1)
+	h := from - 1     // the last epoch of a report ap receives
+	for e := e0; e < to; e++ {
+		if e == h+k+1 {
+			c.regs[eu].up = false // its last decision is of h+K
+		}
+		c.step(e, demand)
+		if e == h+k {
+			require.Greater(t, c.share("eu", hot, e+2).RateMilli+c.share("us", hot, e+2).RateMilli+def.RateMilli, lim.RateMilli,
+				"eu's record of its decision of h+K, with ap at the default, exceeds L")
+		}
+	}
+	assertRises(t, c, "ap", h+k+r, to)
+	assert.Equal(t, def, c.share("ap", hot, to))
 }

@@ -76,6 +76,10 @@ type scenario struct {
 	fresh bool
 	// pubFail: probability that a publication fails (cluster.pubFail).
 	pubFail float64
+	// skew: regions' clocks ahead of true time by up to skew, offsets
+	// drawn from skewSeed (cluster.setSkew); 0: every clock right.
+	skew     time.Duration
+	skewSeed uint64
 }
 
 func randScenario(r *rand.Rand) scenario {
@@ -160,6 +164,13 @@ func randScenario(r *rand.Rand) scenario {
 	if r.IntN(4) == 0 {
 		s.pubFail = r.Float64() * 0.5
 	}
+	// Half the scenarios run with clocks apart by up to the clock
+	// assumption allows here: a decision comes at most (Epoch+MaxWait)/2
+	// into its epoch, and must precede the publication of the epoch after
+	// next on every clock.
+	if r.IntN(2) == 0 {
+		s.skew, s.skewSeed = (s.cfg.Epoch-s.cfg.MaxWait)/2-time.Millisecond, r.Uint64()
+	}
 	return s
 }
 
@@ -170,6 +181,12 @@ func (s scenario) run(t testing.TB, r *rand.Rand) *cluster {
 	base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s.cfg.Epoch)
 	c.fresh, c.pubFail = s.fresh, s.pubFail
 	c.fixRegionsAt(base)
+	if s.skew > 0 && s.xfer == nil {
+		// (Not with transfers: the harness delivers asks and gives at
+		// the same instant on every clock, before they were sent in true
+		// time when the receiver's clock is ahead.)
+		c.setSkew(s.skew, s.skewSeed)
+	}
 	c.skip = s.skip
 	c.late = s.late
 	c.unknown = s.unknown

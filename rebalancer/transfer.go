@@ -459,7 +459,7 @@ func (c *Core) ReceiveAsk(now time.Time, ask *Ask, own []Pressure) ([]Update, *G
 		if gave.RateMilli <= 0 && gave.BurstMilli <= 0 {
 			continue
 		}
-		ups = append(ups, c.record(ak.Key, st, lim, next, c.published))
+		ups = append(ups, c.record(ak.Key, st, lim, next, c.decided))
 		st.share = next
 		x := c.xkey(ak.Key)
 		x.given = shares.Share{RateMilli: x.given.RateMilli + gave.RateMilli, BurstMilli: x.given.BurstMilli + gave.BurstMilli}
@@ -568,7 +568,7 @@ func (c *Core) ReceiveGiveReason(now time.Time, g *Give) ([]Update, GiveRefusal,
 			refused.noRoom++
 			continue
 		}
-		ups = append(ups, c.record(gk.Key, st, lim, next, c.published))
+		ups = append(ups, c.record(gk.Key, st, lim, next, c.decided))
 		st.share = next
 		x := c.xkey(gk.Key)
 		x.accepted = shares.Share{RateMilli: x.accepted.RateMilli + got.RateMilli, BurstMilli: x.accepted.BurstMilli + got.BurstMilli}

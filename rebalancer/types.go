@@ -103,8 +103,10 @@ type Update struct {
 	// no record gets the default share).
 	Delete bool
 	// ExpireAt is when the record must expire (Redis PEXPIREAT); zero when
-	// Delete. Records above the default expire SilenceEpochs+1 epochs after
-	// the start of the decided epoch, the others IdleTTLEpochs after it.
+	// Delete. Records above the default expire Config.RecordEpochs epochs
+	// after the start of the epoch of the decision that bounds them (the
+	// epoch decided, or the last one decided for a write between
+	// decisions), the others IdleTTLEpochs after it.
 	ExpireAt time.Time
 }
 
