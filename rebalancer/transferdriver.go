@@ -242,6 +242,9 @@ func (d *Driver) pressure(ctx context.Context, now time.Time) {
 	// until a read no longer lists it (a region whose traffic just left
 	// gives at the next ask).
 	ask := d.core.Pressure(now, ps)
+	if len(ps) > 0 || ask != nil {
+		d.log.Debug("rebalancer: pressure read", "keys", len(ps), "asked", askLen(ask))
+	}
 	if ask == nil || len(ask.Keys) == 0 {
 		return
 	}
@@ -251,6 +254,8 @@ func (d *Driver) pressure(ctx context.Context, now time.Time) {
 	if err != nil {
 		err = fmt.Errorf("rebalancer: publish ask (%d keys): %w", len(ask.Keys), err)
 		d.log.Warn("rebalancer: ask not published; asked again after AskInterval", "err", err)
+	} else {
+		d.log.Debug("rebalancer: ask published", "epoch", ask.Epoch, "keys", len(ask.Keys), "need_milli", ask.Keys[0].Need.RateMilli)
 	}
 	d.observeTransfer(TransferInfo{Kind: AskSent, Keys: len(ask.Keys), Err: err})
 }
@@ -295,6 +300,7 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 		return
 	}
 	d.observeTransfer(info)
+	d.log.Debug("rebalancer: ask answered", "from", ask.Region, "epoch", ask.Epoch, "keys", len(ask.Keys), "own_keys", len(own), "own_demand_milli", firstDemand(own, ask), "gave_keys", giveLen(give))
 	if give == nil || len(give.Keys) == 0 {
 		d.enqueue(ups)
 		if len(ups) > 0 {
@@ -319,6 +325,8 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 	if err != nil {
 		gi.Reason, gi.Err = ReasonPublish, fmt.Errorf("rebalancer: give %d to %s not published (its amount is unused until the next decision): %w", give.ID, give.To, err)
 		d.log.Warn("rebalancer: give not published", "err", gi.Err)
+	} else {
+		d.log.Debug("rebalancer: give published", "to", give.To, "id", give.ID, "transfer_epoch", give.Transfer, "keys", len(give.Keys), "rate_milli", gi.Amount.RateMilli)
 	}
 	d.observeTransfer(gi)
 }
@@ -347,9 +355,38 @@ func (d *Driver) acceptGive(ctx context.Context, g *Give) {
 		d.enqueue(ups)
 		if werr := d.flush(ctx); werr != nil {
 			info.Err = fmt.Errorf("rebalancer: accepted give %d of %s: raised shares unwritten (retried): %w", g.ID, g.From, werr)
+		} else {
+			d.log.Debug("rebalancer: give accepted and written", "from", g.From, "id", g.ID, "keys", len(g.Keys), "rate_milli", info.Amount.RateMilli)
 		}
 	}
 	d.observeTransfer(info)
+}
+
+// firstDemand is the demand in ps of ask's first key (0 when absent).
+func firstDemand(ps []Pressure, ask *Ask) int64 {
+	if len(ask.Keys) == 0 {
+		return 0
+	}
+	for _, p := range ps {
+		if p.Key == ask.Keys[0].Key {
+			return p.DemandMilli
+		}
+	}
+	return 0
+}
+
+func askLen(a *Ask) int {
+	if a == nil {
+		return 0
+	}
+	return len(a.Keys)
+}
+
+func giveLen(g *Give) int {
+	if g == nil {
+		return 0
+	}
+	return len(g.Keys)
 }
 
 // logGiveKeys bounds the keys a refused give's log line names.
