@@ -29,6 +29,21 @@ func UsagePressureKey(epoch int64) string {
 	return "qp:{" + strconv.FormatInt(epoch, 10) + "}"
 }
 
+// UsagePressureWakeKey is the Redis key a gateway's flush pushes a token
+// to whenever it marks pressure (in the same pipeline as the marks): a
+// list of at most one element ("1"), expiring UsagePressureWakeTTL after
+// the last push. The coordinator blocks on it (BLPOP, a bounded wait on its
+// own connection: Redis serves other clients meanwhile) and reads the
+// marks as soon as a flush wrote some, instead of at its next pressure
+// interval. It is a hint: a token popped before the marks of another
+// cluster node are written, or a push lost, only delays the read to the
+// coordinator's next interval. One push per flush that marks anything, so
+// at most one per gateway and flush interval.
+const UsagePressureWakeKey = "qp:wake"
+
+// UsagePressureWakeTTL is how long a wake token nobody popped lives.
+const UsagePressureWakeTTL = 10 * time.Second
+
 // DefaultPressureMaxKeys bounds the keys one flush marks in the pressure
 // hash: beyond it, the keys with the most cost rejected in the flush are
 // marked and the others are not (they still ask at the next flush if they
@@ -63,6 +78,10 @@ func (s *RedisUsageSink) markPressure(ctx context.Context, pipe redis.Pipeliner,
 			pipe.PExpireAt(ctx, key, time.UnixMilli((c.Epoch+1+s.ttlEpochs)*s.epochMs))
 		}
 	}
+	// After the marks (one node, in order): wake the coordinator.
+	pipe.LPush(ctx, UsagePressureWakeKey, "1")
+	pipe.LTrim(ctx, UsagePressureWakeKey, 0, 0)
+	pipe.PExpire(ctx, UsagePressureWakeKey, UsagePressureWakeTTL)
 }
 
 // UsagePressure is one field of a pressure hash: the demand a region's

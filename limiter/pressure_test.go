@@ -43,12 +43,23 @@ func testPressureMarks(t *testing.T, client redis.UniversalClient) {
 	l := usageLimiter(t, clock, nil)
 	f := NewUsageFlusher(l, NewRedisUsageSink(client, 8, 10*time.Second, 3), UsageFlusherConfig{})
 	ctx := context.Background()
-	hammer(t, l, "busy", "odd {key}") // 3 requests each against burst 2: 1 rejected
 	_, err := l.Check(ctx, Request{Identity: Identity{APIKey: "calm"}, Method: "GET", Path: "/"})
 	require.NoError(t, err)
 	require.NoError(t, f.Flush(ctx, clock.Now()))
+	n, err := client.Exists(ctx, UsagePressureWakeKey).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "a flush that marks nothing wakes nobody")
+	hammer(t, l, "busy", "odd {key}") // 3 requests each against burst 2: 1 rejected
+	require.NoError(t, f.Flush(ctx, clock.Now()))
 	hammer(t, l, "busy") // all 3 rejected now: demand 3 more
 	require.NoError(t, f.Flush(ctx, clock.Now()))
+	wake, err := client.LRange(ctx, UsagePressureWakeKey, 0, -1).Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"1"}, wake, "each flush that marked pushed the wake token; the list holds one")
+	wttl, err := client.PTTL(ctx, UsagePressureWakeKey).Result()
+	require.NoError(t, err)
+	assert.Greater(t, wttl, time.Duration(0))
+	assert.LessOrEqual(t, wttl, UsagePressureWakeTTL)
 
 	epoch := clock.Now().UnixMilli() / 10_000
 	got, more, err := CollectUsagePressure(ctx, client, epoch, 0)

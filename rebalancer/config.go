@@ -77,8 +77,10 @@ type Config struct {
 	// publishes the Give, and ReceiveGive's before its next report, may
 	// set it. DefaultConfig sets it; the zero Config does not.
 	Transfers bool
-	// AskInterval is the shortest time between two asks for the same key:
-	// a lost ask is asked again after it. 0 < AskInterval <= Epoch;
+	// AskInterval is the shortest time between two asks for the same key
+	// (less an eighth of it: the jitter of the reads that follow the
+	// gateways' flushes): a lost ask is asked again after it. 0 <
+	// AskInterval <= Epoch;
 	// default 1 s (the gateways' usage flush interval).
 	AskInterval time.Duration
 	// AskThresholdPermille is the smallest need worth an ask, and the

@@ -386,9 +386,8 @@ func (d *Driver) Run(ctx context.Context) error {
 			_ = d.flush(ctx)
 			now = d.clock.Now()
 		}
-		if tr.in != nil && !now.Before(tr.next) {
-			d.pressure(ctx, now)
-			tr.next = now.Add(d.cfg.PressureInterval)
+		if tr.due(now) {
+			d.pressure(ctx, now, &tr)
 			now = d.clock.Now()
 		}
 		wake := nextCollect
@@ -414,7 +413,11 @@ func (d *Driver) Run(ctx context.Context) error {
 			d.apply(r)
 		case m := <-tr.in:
 			stop()
-			d.applyTransfer(ctx, m)
+			d.applyTransfer(ctx, m, &tr)
+		case <-tr.wake:
+			stop()
+			tr.woken(d.clock.Now(), d.pressureGap())
+			d.setStatus(func(s *Status) { s.Transfers.Wakes++ })
 		case <-c:
 		}
 	}

@@ -196,6 +196,16 @@ func askLimit(x *transferKey) int {
 	return 3
 }
 
+// askSpacing is the shortest time between two asks for a key: AskInterval
+// less an eighth of it. A driver woken by the gateways' flushes reads
+// right after each one, so a key's next read comes one flush interval
+// (AskInterval by default) after the last, give or take the flushes' and
+// the wake-ups' jitter: without the slack, a read a few milliseconds
+// early would skip the ask until the flush after (a whole interval).
+func askSpacing(interval time.Duration) time.Duration {
+	return interval - interval/8
+}
+
 // askNoise is the margin, in milli per second, that a demand rate seen
 // over one second (the pressure window) must exceed a share by before it
 // is asked for: three standard deviations of a Poisson count of that many
@@ -217,6 +227,16 @@ func (c *Core) pressed(k Key, now time.Time) (int64, bool) {
 		return 0, false
 	}
 	return x.pressure, true
+}
+
+// UnderPressure reports whether k is under pressure in this region at
+// now: the last Pressure call, within two AskIntervals of now, listed it.
+// ReceiveAsk gives none of such a key (its own gateways reject some of
+// it); a driver may answer the ask again after its next Pressure call
+// (an ask answered late is an ask the bus delayed: the rules above hold).
+func (c *Core) UnderPressure(k Key, now time.Time) bool {
+	_, ok := c.pressed(k, now)
+	return ok
 }
 
 // keepRate is the collection hook for shares.Config.Keep: the epoch's
@@ -298,7 +318,8 @@ func (c *Core) threshold(lim shares.Limit) int64 {
 // *HeadroomPermille/1000, at most L, exceeds its share by at least
 // Config.AskThresholdPermille of L; the region is neither in fallback nor
 // in warm-up and has published a report for its last collected epoch; the
-// key was not asked for within Config.AskInterval, nor three times in
+// key was not asked for within Config.AskInterval (less an eighth of it,
+// see askSpacing), nor three times in
 // this report period since a gift for it was last accepted (a lost ask is
 // asked again; after that the decision serves it), nor more than twice
 // in a period when the period before got no gift for all its asks (see
@@ -338,7 +359,7 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 			continue
 		}
 		if x := c.tr.keys[p.Key]; x != nil {
-			if !x.askedAt.IsZero() && now.Before(x.askedAt.Add(c.cfg.AskInterval)) {
+			if !x.askedAt.IsZero() && now.Before(x.askedAt.Add(askSpacing(c.cfg.AskInterval))) {
 				continue
 			}
 			if x.period == c.published && x.given != (shares.Share{}) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,6 +27,19 @@ type PressureSource interface {
 	// may be missing. The caller owns the slice; an error means nothing
 	// was read.
 	Demand(ctx context.Context, now time.Time, keys []Key) ([]Pressure, error)
+}
+
+// PressureWaker is implemented by a PressureSource that can tell when the
+// gateways marked pressure (rebalancer/redisio: a token the gateways'
+// flushes push, limiter.UsagePressureWakeKey). A driver whose source
+// implements it reads the pressure marks as soon as it is woken (at most
+// every PressureInterval/4), besides every PressureInterval.
+type PressureWaker interface {
+	// WaitPressure blocks until the gateways marked pressure since the
+	// last call (true), about wait passed (false) or ctx ended (ctx's
+	// error). Another error means the source could not be reached; the
+	// caller waits before calling again.
+	WaitPressure(ctx context.Context, wait time.Duration) (bool, error)
 }
 
 // TransferBus carries asks and gives between regions (Kafka, at least
@@ -116,6 +130,10 @@ type TransferInfo struct {
 	// not Accepted: RefusedInvalid with Reason ReasonError, any other with
 	// ReasonCore); GiveAccepted otherwise.
 	Refusal GiveRefusal
+	// Deferred: an ask received (AskReceived) asked for keys under
+	// pressure here, which the driver answers again after its next
+	// pressure read.
+	Deferred bool
 }
 
 // TransferObserver is implemented by an Observer that also wants the
@@ -136,7 +154,13 @@ type TransferStatus struct {
 	GivesDropped  int64 // gives whose write or publication failed
 	GivesAccepted int64 // gives to this region accepted
 	GivesRefused  int64 // gives to this region refused
-	LastError     error // the last failure of a pressure read, write or publication; nil after a success
+	// AsksDeferred counts the asks of other regions answered again after
+	// this region's next pressure read, because a key asked for was under
+	// pressure here (see Driver's doc of transfers).
+	AsksDeferred int64
+	// Wakes counts the pressure reads a PressureWaker woke early.
+	Wakes     int64
+	LastError error // the last failure of a pressure read, write or publication; nil after a success
 }
 
 // transferIn is one message from the transfer bus.
@@ -149,11 +173,48 @@ type transferIn struct {
 // means no transfers.
 type transferLoop struct {
 	in   chan transferIn
-	next time.Time // the next pressure read
+	wake chan struct{} // a PressureWaker woke the loop (nil: no waker)
+	next time.Time     // the next pressure read
+	last time.Time     // the last pressure read (zero: none yet)
+	// deferred holds, per asking region, the last ask of it that asked
+	// for keys under pressure here, to answer again after the next
+	// pressure read that no longer lists them (within AskInterval of its
+	// arrival; after that the asker asks again).
+	deferred map[string]deferredAsk
+}
+
+// deferredAsk is an ask kept for the next pressure read.
+type deferredAsk struct {
+	ask *Ask
+	at  time.Time // when it arrived
+}
+
+// due reports whether a pressure read is due at now.
+func (tr *transferLoop) due(now time.Time) bool {
+	return tr.in != nil && !now.Before(tr.next)
+}
+
+// woken moves the next pressure read to now, or to gap after the last
+// one if that is later.
+func (tr *transferLoop) woken(now time.Time, gap time.Duration) {
+	at := tr.last.Add(gap)
+	if at.Before(now) {
+		at = now
+	}
+	if at.Before(tr.next) {
+		tr.next = at
+	}
+}
+
+// pressureGap is the shortest time between two pressure reads, when a
+// PressureWaker wakes the driver: a quarter of the interval.
+func (d *Driver) pressureGap() time.Duration {
+	return d.cfg.PressureInterval / 4
 }
 
 // startTransfers starts the transfer receiver in wg when the driver has
-// transfers configured.
+// transfers configured, and the pressure waker when its PressureSource is
+// one.
 func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transferLoop {
 	if d.cfg.Transfers == nil || d.cfg.Pressure == nil {
 		return transferLoop{}
@@ -168,12 +229,8 @@ func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transfe
 			}
 			if err != nil {
 				d.log.Warn("rebalancer: transfer receive failed", "err", err)
-				c, stop := d.clock.NewTimer(d.cfg.RetryInterval)
-				select {
-				case <-ctx.Done():
-					stop()
+				if !d.sleep(ctx, d.cfg.RetryInterval) {
 					return
-				case <-c:
 				}
 				continue
 			}
@@ -184,7 +241,46 @@ func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transfe
 			}
 		}
 	})
+	if w, ok := d.cfg.Pressure.(PressureWaker); ok {
+		wake := make(chan struct{}, 1)
+		tr.wake = wake
+		wg.Go(func() {
+			for {
+				ok, err := w.WaitPressure(ctx, d.cfg.PressureInterval)
+				if ctx.Err() != nil {
+					return
+				}
+				if err != nil {
+					// The reads every PressureInterval go on (and
+					// report the failure); retry the wait later.
+					d.log.Debug("rebalancer: pressure wake-up failed", "err", err)
+					if !d.sleep(ctx, d.cfg.RetryInterval) {
+						return
+					}
+					continue
+				}
+				if ok {
+					select {
+					case wake <- struct{}{}:
+					default: // a wake-up is pending already
+					}
+				}
+			}
+		})
+	}
 	return tr
+}
+
+// sleep waits dt on the driver's clock; false when ctx ended first.
+func (d *Driver) sleep(ctx context.Context, dt time.Duration) bool {
+	c, stop := d.clock.NewTimer(dt)
+	defer stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-c:
+		return true
+	}
 }
 
 // transferTimeout bounds one transfer I/O call: a transfer is worth
@@ -203,6 +299,9 @@ func (d *Driver) observeTransfer(info TransferInfo) {
 			}
 		case AskReceived:
 			t.AsksReceived++
+			if info.Deferred {
+				t.AsksDeferred++
+			}
 		case GiveSent:
 			if info.Reason == "" {
 				t.GivesSent++
@@ -227,8 +326,9 @@ func (d *Driver) observeTransfer(info TransferInfo) {
 
 // pressure reads the pressure marks, passes them to the Core (a failed
 // read passes nothing: the keys stay under pressure for two AskIntervals)
-// and publishes its ask.
-func (d *Driver) pressure(ctx context.Context, now time.Time) {
+// and publishes its ask; then it answers the deferred asks again.
+func (d *Driver) pressure(ctx context.Context, now time.Time, tr *transferLoop) {
+	tr.last, tr.next = now, now.Add(d.cfg.PressureInterval)
 	pctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
 	ps, err := d.cfg.Pressure.Pressure(pctx, now)
 	cancel()
@@ -245,27 +345,72 @@ func (d *Driver) pressure(ctx context.Context, now time.Time) {
 	if len(ps) > 0 || ask != nil {
 		d.log.Debug("rebalancer: pressure read", "keys", len(ps), "asked", askLen(ask))
 	}
-	if ask == nil || len(ask.Keys) == 0 {
+	if ask != nil && len(ask.Keys) > 0 {
+		pctx, cancel = context.WithTimeout(ctx, d.transferTimeout())
+		err = d.cfg.Transfers.PublishAsk(pctx, ask)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("rebalancer: publish ask (%d keys): %w", len(ask.Keys), err)
+			d.log.Warn("rebalancer: ask not published; asked again after AskInterval", "err", err)
+		} else {
+			d.log.Debug("rebalancer: ask published", "epoch", ask.Epoch, "keys", len(ask.Keys), "need_milli", ask.Keys[0].Need.RateMilli)
+		}
+		d.observeTransfer(TransferInfo{Kind: AskSent, Keys: len(ask.Keys), Err: err})
+	}
+	if len(tr.deferred) == 0 {
 		return
 	}
-	pctx, cancel = context.WithTimeout(ctx, d.transferTimeout())
-	err = d.cfg.Transfers.PublishAsk(pctx, ask)
-	cancel()
-	if err != nil {
-		err = fmt.Errorf("rebalancer: publish ask (%d keys): %w", len(ask.Keys), err)
-		d.log.Warn("rebalancer: ask not published; asked again after AskInterval", "err", err)
-	} else {
-		d.log.Debug("rebalancer: ask published", "epoch", ask.Epoch, "keys", len(ask.Keys), "need_milli", ask.Keys[0].Need.RateMilli)
+	regions := make([]string, 0, len(tr.deferred))
+	for r := range tr.deferred {
+		regions = append(regions, r)
 	}
-	d.observeTransfer(TransferInfo{Kind: AskSent, Keys: len(ask.Keys), Err: err})
+	slices.Sort(regions)
+	for _, r := range regions {
+		da := tr.deferred[r]
+		if d.clock.Now().Sub(da.at) > d.core.Config().AskInterval {
+			delete(tr.deferred, r) // the asker asks again
+			continue
+		}
+		// The keys no longer under pressure are answered now; the others
+		// wait for a later read.
+		now := d.clock.Now()
+		still := d.pressedKeys(now, da.ask, nil)
+		if still != nil && len(still.Keys) == len(da.ask.Keys) {
+			continue
+		}
+		if still == nil {
+			delete(tr.deferred, r)
+		} else {
+			tr.deferred[r] = deferredAsk{ask: still, at: da.at}
+		}
+		d.answerAsk(ctx, unpressed(da.ask, still), nil)
+	}
+}
+
+// unpressed returns ask without the keys of still (nil: all of them).
+func unpressed(ask, still *Ask) *Ask {
+	if still == nil {
+		return ask
+	}
+	skip := map[Key]bool{}
+	for _, k := range still.Keys {
+		skip[k.Key] = true
+	}
+	out := &Ask{Region: ask.Region, Epoch: ask.Epoch}
+	for _, k := range ask.Keys {
+		if !skip[k.Key] {
+			out.Keys = append(out.Keys, k)
+		}
+	}
+	return out
 }
 
 // applyTransfer handles one message of the transfer bus.
-func (d *Driver) applyTransfer(ctx context.Context, m transferIn) {
+func (d *Driver) applyTransfer(ctx context.Context, m transferIn, tr *transferLoop) {
 	region := d.core.Config().Region
 	switch {
 	case m.ask != nil && m.ask.Region != region:
-		d.answerAsk(ctx, m.ask)
+		d.answerAsk(ctx, m.ask, tr)
 	case m.give != nil && m.give.To == region:
 		d.acceptGive(ctx, m.give)
 	}
@@ -273,7 +418,32 @@ func (d *Driver) applyTransfer(ctx context.Context, m transferIn) {
 
 // answerAsk reads this region's demand for the asked keys, lets the Core
 // answer, writes the lowered shares and only then publishes the give.
-func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
+// With tr (an ask just received, not a deferred one), the asked keys that
+// were under pressure here are kept in tr.deferred, replacing an older
+// deferred ask of the same region, and answered again after the first
+// pressure read that no longer lists them, within AskInterval of the
+// ask's arrival (see Driver.pressure): a region whose traffic just left
+// stays under pressure until a read no longer lists the key, and the
+// asker would otherwise ask again only after its AskInterval. A deferred
+// key is answered again at most once; the keys wait without a Redis read.
+func (d *Driver) answerAsk(ctx context.Context, ask *Ask, tr *transferLoop) {
+	deferred := false
+	if later := d.pressedKeys(d.clock.Now(), ask, nil); tr != nil && later != nil {
+		// Before the demand read: a baseline taken now would count the
+		// last flush of this region's own rejections into its demand at
+		// the deferred answer.
+		if tr.deferred == nil {
+			tr.deferred = map[string]deferredAsk{}
+		}
+		tr.deferred[ask.Region] = deferredAsk{ask: later, at: d.clock.Now()}
+		deferred = true
+		if len(later.Keys) == len(ask.Keys) {
+			d.observeTransfer(TransferInfo{Kind: AskReceived, Region: ask.Region, Keys: len(ask.Keys), Deferred: true})
+			d.log.Debug("rebalancer: ask deferred", "from", ask.Region, "epoch", ask.Epoch, "keys", len(ask.Keys))
+			return
+		}
+		ask = unpressed(ask, later)
+	}
 	keys := make([]Key, len(ask.Keys))
 	for i, k := range ask.Keys {
 		keys[i] = k.Key
@@ -299,8 +469,10 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 		d.observeTransfer(info)
 		return
 	}
+	info.Deferred = deferred
 	d.observeTransfer(info)
-	d.log.Debug("rebalancer: ask answered", "from", ask.Region, "epoch", ask.Epoch, "keys", len(ask.Keys), "own_keys", len(own), "own_demand_milli", firstDemand(own, ask), "gave_keys", giveLen(give))
+	d.log.Debug("rebalancer: ask answered", "from", ask.Region, "epoch", ask.Epoch, "keys", len(ask.Keys), "own_keys", len(own),
+		"own_demand_milli", firstDemand(own, ask), "gave_keys", giveLen(give), "deferred_keys", deferred, "again", tr == nil)
 	if give == nil || len(give.Keys) == 0 {
 		d.enqueue(ups)
 		if len(ups) > 0 {
@@ -387,6 +559,28 @@ func giveLen(g *Give) int {
 		return 0
 	}
 	return len(g.Keys)
+}
+
+// pressedKeys returns the part of ask whose keys are under pressure here
+// and not in give, or nil when there is none.
+func (d *Driver) pressedKeys(now time.Time, ask *Ask, give *Give) *Ask {
+	given := map[Key]bool{}
+	if give != nil {
+		for _, k := range give.Keys {
+			given[k.Key] = true
+		}
+	}
+	var out *Ask
+	for _, k := range ask.Keys {
+		if given[k.Key] || !d.core.UnderPressure(k.Key, now) {
+			continue
+		}
+		if out == nil {
+			out = &Ask{Region: ask.Region, Epoch: ask.Epoch}
+		}
+		out.Keys = append(out.Keys, k)
+	}
+	return out
 }
 
 // logGiveKeys bounds the keys a refused give's log line names.

@@ -236,7 +236,11 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, *kafka
 			c.observer.transferMalformed.Inc()
 			c.log.Warn("region: transfer message rejected", "err", err)
 		}
-		tbus, pressure = tadapter, redisio.NewPressureSource(c.redis, c.cfg.UsageShards, c.rcfg.Epoch, 0)
+		ps := redisio.NewPressureSource(c.redis, c.cfg.UsageShards, c.rcfg.Epoch, 0)
+		// Rates over at least a pressure interval (the gateways' flush
+		// interval by default), however often the wake-ups come.
+		ps.SetWindow(c.cfg.PressureInterval)
+		tbus, pressure = tadapter, ps
 	}
 	d, err := rebalancer.NewDriver(core, rebalancer.DriverConfig{
 		Usage:        c.usage,

@@ -131,3 +131,55 @@ func TestPressureSourceDemandFollowsRecentUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestPressureSourceWindow: reads closer together than the window (a
+// driver woken by every flush) measure each rate against the latest read
+// at least a window old, so a key stays listed for a window after its
+// marks grew and its rate is never over less than the window; a gateway's
+// flush that marks pressure leaves the wake token, which WaitPressure pops
+// once.
+func TestPressureSourceWindow(t *testing.T) {
+	const epoch = 10 * time.Second
+	for name, c := range clients(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			e := rebalancer.EpochOf(time.Now(), epoch)
+			t0 := rebalancer.EpochStart(e, epoch).Add(2 * time.Second)
+			gw := limiter.NewRedisUsageSink(c, 4, epoch, 3)
+			a := limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "a"}
+			ka := rebalancer.Key{PolicyID: "g", Subject: a.Key()}
+			src := redisio.NewPressureSource(c, 4, epoch, 0)
+			src.SetWindow(time.Second)
+			read := func(at time.Time) []rebalancer.Pressure {
+				t.Helper()
+				got, err := src.Pressure(ctx, at)
+				require.NoError(t, err)
+				return got
+			}
+
+			woken, err := src.WaitPressure(ctx, time.Second)
+			require.NoError(t, err)
+			assert.False(t, woken, "no flush marked anything")
+			assert.Empty(t, read(t0))
+			assert.Empty(t, read(t0.Add(time.Second)))
+			failed, err := gw.WriteUsage(ctx, []limiter.UsageCount{{Epoch: e, PolicyID: "g", Subject: a, Demand: 40, Admitted: 10}})
+			require.NoError(t, err)
+			require.Empty(t, failed)
+			woken, err = src.WaitPressure(ctx, time.Second)
+			require.NoError(t, err)
+			assert.True(t, woken, "the flush marked pressure")
+			woken, err = src.WaitPressure(ctx, time.Second)
+			require.NoError(t, err)
+			assert.False(t, woken, "one token per flush, popped once")
+			// Woken 200 ms after the last read: measured against the
+			// latest read a window old (t0), over 1.2 s, not the 200 ms
+			// since the last read.
+			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 40_000 * 1000 / 1200}}, read(t0.Add(1200*time.Millisecond)))
+			// 300 ms later, no flush since: still listed (against t0).
+			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 40_000 * 1000 / 1500}}, read(t0.Add(1500*time.Millisecond)))
+			// A window after the read that first saw the marks: gone.
+			assert.Empty(t, read(t0.Add(2200*time.Millisecond)), "nothing grew within the window")
+		})
+	}
+}
