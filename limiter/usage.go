@@ -335,6 +335,7 @@ type RedisUsageSink struct {
 	shards    int
 	epochMs   int64
 	ttlEpochs int64
+	marks     pressureMarks // the last flush's pressure marks (pressure.go)
 }
 
 // DefaultUsageShards is the default number of shard hashes per epoch.
@@ -804,6 +805,7 @@ func (f *UsageFlusher) Flush(ctx context.Context, now time.Time) error {
 	ovf := f.l.usage.takeOverflow()
 	counts := f.l.usage.take()
 	if len(counts) == 0 && len(ovf) == 0 {
+		f.idle(ctx) // pressure.go: a pressured key's traffic may have left
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)

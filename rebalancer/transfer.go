@@ -196,14 +196,17 @@ func askLimit(x *transferKey) int {
 	return 3
 }
 
-// askSpacing is the shortest time between two asks for a key: AskInterval
-// less an eighth of it. A driver woken by the gateways' flushes reads
-// right after each one, so a key's next read comes one flush interval
-// (AskInterval by default) after the last, give or take the flushes' and
-// the wake-ups' jitter: without the slack, a read a few milliseconds
-// early would skip the ask until the flush after (a whole interval).
+// askSpacing is the shortest time between two asks for a key: half the
+// AskInterval. A driver woken by a gateway's flush (new pressure) reads
+// right after it and then at its interval, and the first flush after a
+// shift holds only part of a second's demand (a small ask): the next read,
+// with the whole second, comes one interval later give or take the
+// wake-up's delay, and must be able to ask for the rest (through the
+// binaries a spacing of 7/8 of the interval missed it by 50 ms, which cost
+// a second). Reads at the interval (the simulator's) ask as before; the
+// per-period bound (askLimit) still caps the asks.
 func askSpacing(interval time.Duration) time.Duration {
-	return interval - interval/8
+	return interval / 2
 }
 
 // askNoise is the margin, in milli per second, that a demand rate seen
@@ -227,16 +230,6 @@ func (c *Core) pressed(k Key, now time.Time) (int64, bool) {
 		return 0, false
 	}
 	return x.pressure, true
-}
-
-// UnderPressure reports whether k is under pressure in this region at
-// now: the last Pressure call, within two AskIntervals of now, listed it.
-// ReceiveAsk gives none of such a key (its own gateways reject some of
-// it); a driver may answer the ask again after its next Pressure call
-// (an ask answered late is an ask the bus delayed: the rules above hold).
-func (c *Core) UnderPressure(k Key, now time.Time) bool {
-	_, ok := c.pressed(k, now)
-	return ok
 }
 
 // keepRate is the collection hook for shares.Config.Keep: the epoch's
@@ -318,8 +311,8 @@ func (c *Core) threshold(lim shares.Limit) int64 {
 // *HeadroomPermille/1000, at most L, exceeds its share by at least
 // Config.AskThresholdPermille of L; the region is neither in fallback nor
 // in warm-up and has published a report for its last collected epoch; the
-// key was not asked for within Config.AskInterval (less an eighth of it,
-// see askSpacing), nor three times in
+// key was not asked for within half of Config.AskInterval (see
+// askSpacing), nor three times in
 // this report period since a gift for it was last accepted (a lost ask is
 // asked again; after that the decision serves it), nor more than twice
 // in a period when the period before got no gift for all its asks (see

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -33,7 +32,7 @@ type PressureSource interface {
 // gateways marked pressure (rebalancer/redisio: a token the gateways'
 // flushes push, limiter.UsagePressureWakeKey). A driver whose source
 // implements it reads the pressure marks as soon as it is woken (at most
-// every PressureInterval/4), besides every PressureInterval.
+// every PressureInterval/10), then every PressureInterval after that read.
 type PressureWaker interface {
 	// WaitPressure blocks until the gateways marked pressure since the
 	// last call (true), about wait passed (false) or ctx ended (ctx's
@@ -130,10 +129,6 @@ type TransferInfo struct {
 	// not Accepted: RefusedInvalid with Reason ReasonError, any other with
 	// ReasonCore); GiveAccepted otherwise.
 	Refusal GiveRefusal
-	// Deferred: an ask received (AskReceived) asked for keys under
-	// pressure here, which the driver answers again after its next
-	// pressure read.
-	Deferred bool
 }
 
 // TransferObserver is implemented by an Observer that also wants the
@@ -154,10 +149,6 @@ type TransferStatus struct {
 	GivesDropped  int64 // gives whose write or publication failed
 	GivesAccepted int64 // gives to this region accepted
 	GivesRefused  int64 // gives to this region refused
-	// AsksDeferred counts the asks of other regions answered again after
-	// this region's next pressure read, because a key asked for was under
-	// pressure here (see Driver's doc of transfers).
-	AsksDeferred int64
 	// Wakes counts the pressure reads a PressureWaker woke early.
 	Wakes     int64
 	LastError error // the last failure of a pressure read, write or publication; nil after a success
@@ -176,17 +167,6 @@ type transferLoop struct {
 	wake chan struct{} // a PressureWaker woke the loop (nil: no waker)
 	next time.Time     // the next pressure read
 	last time.Time     // the last pressure read (zero: none yet)
-	// deferred holds, per asking region, the last ask of it that asked
-	// for keys under pressure here, to answer again after the next
-	// pressure read that no longer lists them (within AskInterval of its
-	// arrival; after that the asker asks again).
-	deferred map[string]deferredAsk
-}
-
-// deferredAsk is an ask kept for the next pressure read.
-type deferredAsk struct {
-	ask *Ask
-	at  time.Time // when it arrived
 }
 
 // due reports whether a pressure read is due at now.
@@ -207,9 +187,9 @@ func (tr *transferLoop) woken(now time.Time, gap time.Duration) {
 }
 
 // pressureGap is the shortest time between two pressure reads, when a
-// PressureWaker wakes the driver: a quarter of the interval.
+// PressureWaker wakes the driver: a tenth of the interval.
 func (d *Driver) pressureGap() time.Duration {
-	return d.cfg.PressureInterval / 4
+	return d.cfg.PressureInterval / 10
 }
 
 // startTransfers starts the transfer receiver in wg when the driver has
@@ -299,9 +279,6 @@ func (d *Driver) observeTransfer(info TransferInfo) {
 			}
 		case AskReceived:
 			t.AsksReceived++
-			if info.Deferred {
-				t.AsksDeferred++
-			}
 		case GiveSent:
 			if info.Reason == "" {
 				t.GivesSent++
@@ -326,7 +303,8 @@ func (d *Driver) observeTransfer(info TransferInfo) {
 
 // pressure reads the pressure marks, passes them to the Core (a failed
 // read passes nothing: the keys stay under pressure for two AskIntervals)
-// and publishes its ask; then it answers the deferred asks again.
+// and publishes its ask. The next read is an interval later (or sooner,
+// when woken).
 func (d *Driver) pressure(ctx context.Context, now time.Time, tr *transferLoop) {
 	tr.last, tr.next = now, now.Add(d.cfg.PressureInterval)
 	pctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
@@ -357,60 +335,14 @@ func (d *Driver) pressure(ctx context.Context, now time.Time, tr *transferLoop) 
 		}
 		d.observeTransfer(TransferInfo{Kind: AskSent, Keys: len(ask.Keys), Err: err})
 	}
-	if len(tr.deferred) == 0 {
-		return
-	}
-	regions := make([]string, 0, len(tr.deferred))
-	for r := range tr.deferred {
-		regions = append(regions, r)
-	}
-	slices.Sort(regions)
-	for _, r := range regions {
-		da := tr.deferred[r]
-		if d.clock.Now().Sub(da.at) > d.core.Config().AskInterval {
-			delete(tr.deferred, r) // the asker asks again
-			continue
-		}
-		// The keys no longer under pressure are answered now; the others
-		// wait for a later read.
-		now := d.clock.Now()
-		still := d.pressedKeys(now, da.ask, nil)
-		if still != nil && len(still.Keys) == len(da.ask.Keys) {
-			continue
-		}
-		if still == nil {
-			delete(tr.deferred, r)
-		} else {
-			tr.deferred[r] = deferredAsk{ask: still, at: da.at}
-		}
-		d.answerAsk(ctx, unpressed(da.ask, still), nil)
-	}
-}
-
-// unpressed returns ask without the keys of still (nil: all of them).
-func unpressed(ask, still *Ask) *Ask {
-	if still == nil {
-		return ask
-	}
-	skip := map[Key]bool{}
-	for _, k := range still.Keys {
-		skip[k.Key] = true
-	}
-	out := &Ask{Region: ask.Region, Epoch: ask.Epoch}
-	for _, k := range ask.Keys {
-		if !skip[k.Key] {
-			out.Keys = append(out.Keys, k)
-		}
-	}
-	return out
 }
 
 // applyTransfer handles one message of the transfer bus.
-func (d *Driver) applyTransfer(ctx context.Context, m transferIn, tr *transferLoop) {
+func (d *Driver) applyTransfer(ctx context.Context, m transferIn) {
 	region := d.core.Config().Region
 	switch {
 	case m.ask != nil && m.ask.Region != region:
-		d.answerAsk(ctx, m.ask, tr)
+		d.answerAsk(ctx, m.ask)
 	case m.give != nil && m.give.To == region:
 		d.acceptGive(ctx, m.give)
 	}
@@ -418,32 +350,7 @@ func (d *Driver) applyTransfer(ctx context.Context, m transferIn, tr *transferLo
 
 // answerAsk reads this region's demand for the asked keys, lets the Core
 // answer, writes the lowered shares and only then publishes the give.
-// With tr (an ask just received, not a deferred one), the asked keys that
-// were under pressure here are kept in tr.deferred, replacing an older
-// deferred ask of the same region, and answered again after the first
-// pressure read that no longer lists them, within AskInterval of the
-// ask's arrival (see Driver.pressure): a region whose traffic just left
-// stays under pressure until a read no longer lists the key, and the
-// asker would otherwise ask again only after its AskInterval. A deferred
-// key is answered again at most once; the keys wait without a Redis read.
-func (d *Driver) answerAsk(ctx context.Context, ask *Ask, tr *transferLoop) {
-	deferred := false
-	if later := d.pressedKeys(d.clock.Now(), ask, nil); tr != nil && later != nil {
-		// Before the demand read: a baseline taken now would count the
-		// last flush of this region's own rejections into its demand at
-		// the deferred answer.
-		if tr.deferred == nil {
-			tr.deferred = map[string]deferredAsk{}
-		}
-		tr.deferred[ask.Region] = deferredAsk{ask: later, at: d.clock.Now()}
-		deferred = true
-		if len(later.Keys) == len(ask.Keys) {
-			d.observeTransfer(TransferInfo{Kind: AskReceived, Region: ask.Region, Keys: len(ask.Keys), Deferred: true})
-			d.log.Debug("rebalancer: ask deferred", "from", ask.Region, "epoch", ask.Epoch, "keys", len(ask.Keys))
-			return
-		}
-		ask = unpressed(ask, later)
-	}
+func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 	keys := make([]Key, len(ask.Keys))
 	for i, k := range ask.Keys {
 		keys[i] = k.Key
@@ -469,10 +376,9 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask, tr *transferLoop) {
 		d.observeTransfer(info)
 		return
 	}
-	info.Deferred = deferred
 	d.observeTransfer(info)
 	d.log.Debug("rebalancer: ask answered", "from", ask.Region, "epoch", ask.Epoch, "keys", len(ask.Keys), "own_keys", len(own),
-		"own_demand_milli", firstDemand(own, ask), "gave_keys", giveLen(give), "deferred_keys", deferred, "again", tr == nil)
+		"own_demand_milli", firstDemand(own, ask), "gave_keys", giveLen(give))
 	if give == nil || len(give.Keys) == 0 {
 		d.enqueue(ups)
 		if len(ups) > 0 {
@@ -559,28 +465,6 @@ func giveLen(g *Give) int {
 		return 0
 	}
 	return len(g.Keys)
-}
-
-// pressedKeys returns the part of ask whose keys are under pressure here
-// and not in give, or nil when there is none.
-func (d *Driver) pressedKeys(now time.Time, ask *Ask, give *Give) *Ask {
-	given := map[Key]bool{}
-	if give != nil {
-		for _, k := range give.Keys {
-			given[k.Key] = true
-		}
-	}
-	var out *Ask
-	for _, k := range ask.Keys {
-		if given[k.Key] || !d.core.UnderPressure(k.Key, now) {
-			continue
-		}
-		if out == nil {
-			out = &Ask{Region: ask.Region, Epoch: ask.Epoch}
-		}
-		out.Keys = append(out.Keys, k)
-	}
-	return out
 }
 
 // logGiveKeys bounds the keys a refused give's log line names.

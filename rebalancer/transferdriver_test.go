@@ -3,7 +3,6 @@ package rebalancer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -228,16 +227,12 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 }
 
 // wakingPressure is a fakePressure that is also a PressureWaker: a
-// send on wake wakes the driver; it records the times of its reads and,
-// until staleUntil, lists stale (its gateways' last flush of rejections:
-// the key stays under pressure although the traffic left).
+// send on wake wakes the driver; it records the times of its reads.
 type wakingPressure struct {
 	*fakePressure
-	wake       chan struct{}
-	mu         sync.Mutex
-	reads      []time.Time
-	stale      Key
-	staleUntil time.Time
+	wake  chan struct{}
+	mu    sync.Mutex
+	reads []time.Time
 }
 
 var _ PressureWaker = (*wakingPressure)(nil)
@@ -247,9 +242,6 @@ func (p *wakingPressure) Pressure(ctx context.Context, now time.Time) ([]Pressur
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.reads = append(p.reads, now)
-	if now.Before(p.staleUntil) {
-		out = append(out, Pressure{Key: p.stale, DemandMilli: 1_000_000})
-	}
 	return out, err
 }
 
@@ -278,10 +270,10 @@ func (p *wakingPressure) readsSince(t0 time.Time) []time.Duration {
 
 // TestDriverPressureWake: a driver whose PressureSource is a
 // PressureWaker reads the pressure marks as soon as it is woken (the
-// gateways flushed some), not at its next interval; a wake-up sooner than
-// PressureInterval/4 after the last read waits for that quarter; after a
-// read the next one is an interval later. In virtual time, so the read
-// times are exact.
+// gateways flushed new marks), not at its next interval; a wake-up sooner
+// than PressureInterval/10 after the last read waits for that tenth;
+// after a read the next one is an interval later. In virtual time, so the
+// read times are exact.
 func TestDriverPressureWake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
@@ -313,123 +305,13 @@ func TestDriverPressureWake(t *testing.T) {
 			synctest.Wait()
 		}
 		wakeAt(2500 * time.Millisecond) // a flush marked pressure: read at once
-		wakeAt(2600 * time.Millisecond) // another, 100 ms later: read at 2.75 s
+		wakeAt(2550 * time.Millisecond) // another, 50 ms later: read at 2.6 s
 		time.Sleep(time.Until(t0.Add(4 * time.Second)))
 		synctest.Wait()
-		assert.Equal(t, []time.Duration{time.Second, 2 * time.Second, 2500 * time.Millisecond, 2750 * time.Millisecond, 3750 * time.Millisecond},
-			p.readsSince(t0), "reads every second, at a wake-up, a quarter after it, then a second later")
+		assert.Equal(t, []time.Duration{time.Second, 2 * time.Second, 2500 * time.Millisecond, 2600 * time.Millisecond, 3600 * time.Millisecond},
+			p.readsSince(t0), "reads every second, at a wake-up, a tenth after it, then a second later")
 		assert.Equal(t, int64(2), d.Status().Transfers.Wakes)
 		cancel()
 		synctest.Wait()
 	})
-}
-
-// TestDriverDefersAnAskUnderPressure: the demand moves from eu to us, but
-// eu's gateways' last flush of rejections keeps the key under pressure at
-// eu for 600 ms after the shift (its reads list it), so eu can give
-// nothing when us's first ask comes. eu keeps the ask and answers it
-// again after its first read that no longer lists the key: us gets its
-// gift from its first ask, not from the one it would send an AskInterval
-// later.
-func TestDriverDefersAnAskUnderPressure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const epoch = 4 * time.Second
-		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
-		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
-		w := newWorld(t, []string{"eu", "us"}, lim, keys)
-		var shiftEpoch int64 = 1 << 40
-		var shiftAt time.Time
-		w.demand = func(region string, e int64, _ Key) int64 {
-			if (e > shiftEpoch || e == shiftEpoch && time.Now().After(shiftAt)) == (region == "us") {
-				return 4000 // 1000/s
-			}
-			return 0
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		all := map[string]*memTransfers{}
-		var (
-			emu    sync.Mutex
-			events []string // "<region> <kind>" in order
-		)
-		pressure := map[string]*wakingPressure{}
-		drivers := map[string]*Driver{}
-		obsOf := map[string]*eventObserver{}
-		for _, name := range w.regions {
-			all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: all}
-		}
-		for _, name := range w.regions {
-			cfg := driverTestConfig()
-			cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, w.regions, epoch, time.Second
-			cfg.AskInterval = time.Second
-			core, err := New(cfg, PolicyMap{"p": lim})
-			require.NoError(t, err)
-			pressure[name] = &wakingPressure{fakePressure: &fakePressure{w: w, region: name, epoch: epoch}, wake: make(chan struct{}, 1), stale: keys[0]}
-			obs := &eventObserver{region: name, mu: &emu, events: &events}
-			obsOf[name] = obs
-			drivers[name], err = NewDriver(core, DriverConfig{
-				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
-				Observer: obs, Pressure: pressure[name], Transfers: all[name], PressureInterval: 200 * time.Millisecond,
-			})
-			require.NoError(t, err)
-			go func() { assert.ErrorIs(t, drivers[name].Run(ctx), context.Canceled) }()
-		}
-		w.watch(12*epoch, keys[0])
-		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L")
-
-		m := EpochOf(time.Now(), epoch) + 1
-		// After the collection of m-1 (500 ms into m): an ask of the
-		// period before is no longer answered (its gift would be refused).
-		shift := EpochStart(m, epoch).Add(600 * time.Millisecond)
-		time.Sleep(time.Until(shift))
-		w.mu.Lock()
-		shiftEpoch, shiftAt = m, shift
-		w.mu.Unlock()
-		pressure["eu"].mu.Lock()
-		pressure["eu"].staleUntil = shift.Add(600 * time.Millisecond)
-		pressure["eu"].mu.Unlock()
-		emu.Lock()
-		events = nil
-		emu.Unlock()
-		w.watch(epoch-500*time.Millisecond, keys[0])
-		assert.Greater(t, w.enforced("us", keys[0]).RateMilli, lim.RateMilli*9/10, "us holds most of L within the epoch")
-
-		emu.Lock()
-		var asks int
-		var gave bool
-		for _, e := range events {
-			if e == "us "+AskSent.String() {
-				asks++
-			}
-			if e == "eu "+GiveSent.String() {
-				gave = true
-				break
-			}
-		}
-		emu.Unlock()
-		assert.True(t, gave, "eu gave")
-		assert.Equal(t, 1, asks, "us asked once before eu gave: eu answered the deferred ask")
-		assert.Positive(t, drivers["eu"].Status().Transfers.AsksDeferred)
-		cancel()
-		synctest.Wait()
-	})
-}
-
-// eventObserver appends "<region> <kind>" of every transfer to a shared
-// list (the order the drivers report them in).
-type eventObserver struct {
-	observerLog
-	region string
-	mu     *sync.Mutex
-	events *[]string
-	log    []string
-}
-
-func (o *eventObserver) Transferred(t TransferInfo) {
-	if t.Err != nil || t.Reason != "" {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	*o.events = append(*o.events, o.region+" "+t.Kind.String())
-	o.log = append(o.log, fmt.Sprintf("%v %s %s deferred=%v keys=%d", time.Now().Format("05.000"), o.region, t.Kind, t.Deferred, t.Keys))
 }

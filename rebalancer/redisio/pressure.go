@@ -21,11 +21,11 @@ var ErrPressure = errors.New("redisio: pressure read failed")
 // from the region's Redis (limiter.UsagePressureKey, limiter.UsageKey) as
 // a rebalancer.PressureSource, and waits for the gateways' wake token
 // (limiter.UsagePressureWakeKey) as a rebalancer.PressureWaker. It
-// remembers the counts of its recent reads (two epochs' pressure hashes,
-// at most maxKeys fields each, at most pressureHist reads), so its demand
-// rates are what each key's marks gained over the last window (at least
-// the gateways' flush interval: see SetWindow). Safe for concurrent use
-// (calls are serialised).
+// remembers the counts of its last read (two epochs' pressure hashes, at
+// most maxKeys fields each), so its demand rates are what each key's
+// marks gained since then, over at least the window (the gateways' flush
+// interval: see SetWindow). Safe for concurrent use (calls are
+// serialised).
 type PressureSource struct {
 	client  redis.UniversalClient
 	shards  int
@@ -35,10 +35,9 @@ type PressureSource struct {
 	window time.Duration // the shortest span a demand rate is measured over
 
 	mu sync.Mutex
-	// hist holds the counts of recent reads, oldest first (empty before
-	// the first read and after a failed one): each read measures its
-	// rates against the latest one at least window old.
-	hist []pressureSnap
+	// last holds the counts of the last read (nil before the first read
+	// and after a failed one).
+	last *pressureSnap
 	more int64 // reads that found more than maxKeys fields
 	// own holds, per key field, the usage counts of Demand's last read
 	// of it (a baseline for the next one) and the rate it gave.
@@ -50,10 +49,6 @@ type pressureSnap struct {
 	at     time.Time
 	counts map[int64]map[string]int64 // epoch -> field -> count
 }
-
-// pressureHist bounds the reads a PressureSource remembers (a driver woken
-// by every flush reads at most every PressureInterval/4).
-const pressureHist = 16
 
 // ownRead is one key's usage counts (by epoch) at a Demand read, and the
 // rate computed then (rateOK false when it was an estimate).
@@ -89,11 +84,10 @@ func NewPressureSource(client redis.UniversalClient, shards int, epoch time.Dura
 const DefaultPressureWindow = time.Second
 
 // SetWindow sets the shortest span a demand rate is measured over
-// (DefaultPressureWindow when w <= 0): the gateways' usage flush interval,
-// so that a read soon after another (woken by a flush) neither loses the
-// keys the reads in between listed nor overestimates a rate (a span
-// shorter than a flush interval holds up to a whole interval's flush).
-// Call it before the first read.
+// (DefaultPressureWindow when w <= 0): the gateways' usage flush
+// interval, so that a read soon after another (woken by a flush) does not
+// overestimate a rate (a span shorter than a flush interval holds up to a
+// whole interval's flush). Call it before the first read.
 func (p *PressureSource) SetWindow(w time.Duration) {
 	if w <= 0 {
 		w = DefaultPressureWindow
@@ -114,19 +108,18 @@ func (p *PressureSource) Truncated() int64 {
 // Pressure implements rebalancer.PressureSource: it reads the pressure
 // hashes of now's epoch and the one before (a gateway's flush of the last
 // second of an epoch lands after it ends), and returns every key whose
-// count grew since the base read, with demand rate = growth / max(time
-// since the base read, the window). The base read is the latest earlier
-// read at least the window (SetWindow) before now, less an eighth of it
-// (reads woken by the flushes jitter; a base one flush older would halve
-// a new key's rate), or the oldest one remembered when none is that old:
-// so a key stays listed for about a window after its marks last grew
-// however often the reads come, and a rate is never measured over less
-// than a flush interval (a span of 7/8 of one holds at most one flush per
-// gateway). A field absent at the
-// base read of its epoch counted 0 then; an epoch that started after the
-// base read counted 0 at it. The first call, and the first one after a
-// read failed, only remembers the counts. Fields that do not parse are
-// skipped (limiter.CollectUsagePressure).
+// count grew since the last read, with demand rate = growth / max(time
+// since that read, the window). A read woken soon after another (a flush
+// with new pressure, or whose pressured key's traffic left: see
+// limiter.UsagePressureWakeKey) therefore never measures a rate over less
+// than a flush interval (a shorter span may hold a whole interval's
+// flush); it lists only the keys flushed since the last read, so until
+// the next read (an interval later) a key another gateway rejects may
+// read as unpressured: ReceiveAsk still keeps its own demand times the
+// headroom. A field absent at the last read of its epoch counted 0 then;
+// an epoch that started after the last read counted 0 at it. The first
+// call, and the first one after a read failed, only remembers the counts.
+// Fields that do not parse are skipped (limiter.CollectUsagePressure).
 func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalancer.Pressure, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -135,7 +128,7 @@ func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalan
 	for _, ep := range []int64{e - 1, e} {
 		marks, more, err := limiter.CollectUsagePressure(ctx, p.client, ep, p.maxKeys)
 		if err != nil && !errors.Is(err, limiter.ErrBadUsage) {
-			p.hist = nil
+			p.last = nil
 			return nil, fmt.Errorf("%w: %w", ErrPressure, err)
 		}
 		if more {
@@ -147,23 +140,10 @@ func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalan
 		}
 		cur[ep] = m
 	}
-	if len(p.hist) > 0 && !now.After(p.hist[len(p.hist)-1].at) {
-		p.hist = nil // the clock went back: start over
-	}
-	if len(p.hist) == 0 {
-		p.hist = append(p.hist, pressureSnap{at: now, counts: cur})
+	base := p.last
+	p.last = &pressureSnap{at: now, counts: cur}
+	if base == nil || !now.After(base.at) {
 		return nil, nil
-	}
-	b := 0
-	for i, h := range p.hist {
-		if !h.at.After(now.Add(-(p.window - p.window/8))) {
-			b = i
-		}
-	}
-	base := p.hist[b]
-	p.hist = append(p.hist[b:], pressureSnap{at: now, counts: cur})
-	if len(p.hist) > pressureHist {
-		p.hist = p.hist[len(p.hist)-pressureHist:]
 	}
 	grown := map[string]int64{}
 	for ep, m := range cur {
