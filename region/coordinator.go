@@ -535,6 +535,7 @@ type transferHealth struct {
 	GivesDropped  int64     `json:"gives_dropped"`
 	GivesAccepted int64     `json:"gives_accepted"`
 	GivesRefused  int64     `json:"gives_refused"`
+	Wakes         int64     `json:"pressure_wakes"` // pressure reads the gateways' wake token brought forward
 	LastError     string    `json:"last_error,omitempty"`
 }
 
@@ -554,7 +555,7 @@ func (c *Coordinator) healthz(w http.ResponseWriter, _ *http.Request) {
 		h.LastEpoch, h.LastCollect, h.Unwritten = st.LastEpoch, st.LastCollect, st.Unwritten
 		if t := st.Transfers; t.Enabled {
 			h.Transfers = &transferHealth{LastPressure: t.LastPressure, PressureKeys: t.PressureKeys, AsksSent: t.AsksSent, AsksReceived: t.AsksReceived,
-				GivesSent: t.GivesSent, GivesDropped: t.GivesDropped, GivesAccepted: t.GivesAccepted, GivesRefused: t.GivesRefused}
+				GivesSent: t.GivesSent, GivesDropped: t.GivesDropped, GivesAccepted: t.GivesAccepted, GivesRefused: t.GivesRefused, Wakes: t.Wakes}
 			if t.LastError != nil {
 				h.Transfers.LastError = t.LastError.Error()
 			}
