@@ -362,13 +362,14 @@ func TestDriverDefersAnAskUnderPressure(t *testing.T) {
 			core, err := New(cfg, PolicyMap{"p": lim})
 			require.NoError(t, err)
 			pressure[name] = &wakingPressure{fakePressure: &fakePressure{w: w, region: name, epoch: epoch}, wake: make(chan struct{}, 1), stale: keys[0]}
-			drivers[name], err = NewDriver(core, DriverConfig{
+			d, err := NewDriver(core, DriverConfig{
 				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
 				Observer: &eventObserver{region: name, mu: &emu, events: &events}, Pressure: pressure[name], Transfers: all[name],
 				PressureInterval: 200 * time.Millisecond,
 			})
 			require.NoError(t, err)
-			go func() { assert.ErrorIs(t, drivers[name].Run(ctx), context.Canceled) }()
+			drivers[name] = d
+			go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
 		}
 		w.watch(12*epoch, keys[0])
 		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L")
