@@ -236,23 +236,11 @@ func (c *Core) pressed(k Key, now time.Time) (int64, bool) {
 // now: the last Pressure call, within two AskIntervals of now, listed it.
 // ReceiveAsk gives none of such a key (its own gateways reject some of
 // it); a driver may answer the ask again after a later Pressure call that
-// no longer lists it, for a key whose traffic left (Left): an ask
-// answered late is an ask the bus delayed, which the rules above allow.
+// no longer lists it: an ask answered late is an ask the bus delayed,
+// which the rules above allow.
 func (c *Core) UnderPressure(k Key, now time.Time) bool {
 	_, ok := c.pressed(k, now)
 	return ok
-}
-
-// Left reports whether this region's own recent demand for k (milli per
-// second, as for ReceiveAsk) times the headroom is at most half its
-// share: its traffic left (a deferred ask is answered only for such keys;
-// see UnderPressure).
-func (c *Core) Left(k Key, demandMilli int64) bool {
-	st, ok := c.keys[k]
-	if !ok || !st.known {
-		return false
-	}
-	return 2*shares.MulDiv(max(demandMilli, 0), c.cfg.Shares.HeadroomPermille, 1000) <= st.share.RateMilli
 }
 
 // keepRate is the collection hook for shares.Config.Keep: the epoch's

@@ -32,7 +32,7 @@ import (
 //     the production driver does, the asked keys under pressure here
 //     (Core.UnderPressure) are kept, the last ask per asker, and answered
 //     again at the next poll a wake-up brings (within AskInterval), for
-//     the keys no longer under pressure whose traffic left (Core.Left).
+//     the keys no longer under pressure.
 //   - Gives. Core.ReceiveGive's updates are written like a decision's:
 //     kept while the store is down, and no report is published until they
 //     are written.
@@ -172,7 +172,7 @@ type deferredAsk struct {
 }
 
 // answerDeferred answers the deferred asks' keys that are no longer under
-// pressure and whose traffic left (dropping asks older than AskInterval).
+// pressure (dropping asks older than AskInterval).
 func (c *RebalancerCoordinator) answerDeferred(now time.Time, res *TickResult) {
 	f := &c.fl
 	regions := make([]string, 0, len(f.deferred))
@@ -188,7 +188,7 @@ func (c *RebalancerCoordinator) answerDeferred(now time.Time, res *TickResult) {
 		}
 		left := &rebalancer.Ask{Region: da.ask.Region, Epoch: da.ask.Epoch}
 		for _, k := range da.ask.Keys {
-			if !c.core.UnderPressure(k.Key, now) && c.core.Left(k.Key, recentDemand(c.fl.recent, k.Key)) {
+			if !c.core.UnderPressure(k.Key, now) {
 				left.Keys = append(left.Keys, k)
 			}
 		}
@@ -200,16 +200,6 @@ func (c *RebalancerCoordinator) answerDeferred(now time.Time, res *TickResult) {
 			return
 		}
 	}
-}
-
-// recentDemand is k's rate in recent (0 when absent).
-func recentDemand(recent []rebalancer.Pressure, k rebalancer.Key) int64 {
-	for _, p := range recent {
-		if p.Key == k {
-			return p.DemandMilli
-		}
-	}
-	return 0
 }
 
 // transferWake is the earliest transfer wake-up after now (zero: none).
