@@ -413,7 +413,7 @@ func (d *Driver) Run(ctx context.Context) error {
 			d.apply(r)
 		case m := <-tr.in:
 			stop()
-			d.applyTransfer(ctx, m, &tr)
+			d.applyTransfer(ctx, m)
 		case <-tr.wake:
 			stop()
 			tr.woken(d.clock.Now(), d.pressureGap())

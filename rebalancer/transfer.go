@@ -232,17 +232,6 @@ func (c *Core) pressed(k Key, now time.Time) (int64, bool) {
 	return x.pressure, true
 }
 
-// UnderPressure reports whether k is under pressure in this region at
-// now: the last Pressure call, within two AskIntervals of now, listed it.
-// ReceiveAsk gives none of such a key (its own gateways reject some of
-// it); a driver may answer the ask again after a later Pressure call that
-// no longer lists it: an ask answered late is an ask the bus delayed,
-// which the rules above allow.
-func (c *Core) UnderPressure(k Key, now time.Time) bool {
-	_, ok := c.pressed(k, now)
-	return ok
-}
-
 // keepRate is the collection hook for shares.Config.Keep: the epoch's
 // demand rate, or the key's recent pressure when higher (the epoch's
 // average lags a rise within it; keeping more than Keep would is always

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -130,10 +129,6 @@ type TransferInfo struct {
 	// not Accepted: RefusedInvalid with Reason ReasonError, any other with
 	// ReasonCore); GiveAccepted otherwise.
 	Refusal GiveRefusal
-	// Deferred: an ask received (AskReceived) asked only for keys under
-	// pressure here; the driver answers it again after its next pressure
-	// read that a wake-up brings.
-	Deferred bool
 }
 
 // TransferObserver is implemented by an Observer that also wants the
@@ -154,10 +149,6 @@ type TransferStatus struct {
 	GivesDropped  int64 // gives whose write or publication failed
 	GivesAccepted int64 // gives to this region accepted
 	GivesRefused  int64 // gives to this region refused
-	// AsksDeferred counts the asks of other regions kept for a later
-	// pressure read because every key asked for was under pressure here
-	// (see Driver's answer to asks, DriverConfig.Pressure).
-	AsksDeferred int64
 	// Wakes counts the pressure reads a PressureWaker woke early.
 	Wakes     int64
 	LastError error // the last failure of a pressure read, write or publication; nil after a success
@@ -176,18 +167,6 @@ type transferLoop struct {
 	wake chan struct{} // a PressureWaker woke the loop (nil: no waker)
 	next time.Time     // the next pressure read
 	last time.Time     // the last pressure read (zero: none yet)
-	// woke: the next read is a wake-up's (the region's pressure changed).
-	woke bool
-	// deferred holds, per asking region, the keys of its last ask that
-	// were under pressure here, answered at the next woken read (see
-	// answerAsk).
-	deferred map[string]deferredAsk
-}
-
-// deferredAsk is an ask kept for a later pressure read.
-type deferredAsk struct {
-	ask *Ask
-	at  time.Time // when it arrived
 }
 
 // due reports whether a pressure read is due at now.
@@ -205,7 +184,6 @@ func (tr *transferLoop) woken(now time.Time, gap time.Duration) {
 	if at.Before(tr.next) {
 		tr.next = at
 	}
-	tr.woke = true
 }
 
 // pressureGap is the shortest time between two pressure reads, when a
@@ -301,9 +279,6 @@ func (d *Driver) observeTransfer(info TransferInfo) {
 			}
 		case AskReceived:
 			t.AsksReceived++
-			if info.Deferred {
-				t.AsksDeferred++
-			}
 		case GiveSent:
 			if info.Reason == "" {
 				t.GivesSent++
@@ -331,8 +306,7 @@ func (d *Driver) observeTransfer(info TransferInfo) {
 // and publishes its ask. The next read is an interval later (or sooner,
 // when woken).
 func (d *Driver) pressure(ctx context.Context, now time.Time, tr *transferLoop) {
-	woke := tr.woke
-	tr.last, tr.next, tr.woke = now, now.Add(d.cfg.PressureInterval), false
+	tr.last, tr.next = now, now.Add(d.cfg.PressureInterval)
 	pctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
 	ps, err := d.cfg.Pressure.Pressure(pctx, now)
 	cancel()
@@ -361,42 +335,14 @@ func (d *Driver) pressure(ctx context.Context, now time.Time, tr *transferLoop) 
 		}
 		d.observeTransfer(TransferInfo{Kind: AskSent, Keys: len(ask.Keys), Err: err})
 	}
-	if woke {
-		d.answerDeferred(ctx, tr)
-	}
-}
-
-// answerDeferred answers, after a woken pressure read, the deferred asks'
-// keys that are no longer under pressure here (within AskInterval of the
-// ask; the others are dropped: the asker asks again).
-func (d *Driver) answerDeferred(ctx context.Context, tr *transferLoop) {
-	if len(tr.deferred) == 0 {
-		return
-	}
-	regions := make([]string, 0, len(tr.deferred))
-	for r := range tr.deferred {
-		regions = append(regions, r)
-	}
-	slices.Sort(regions)
-	for _, r := range regions {
-		da := tr.deferred[r]
-		delete(tr.deferred, r)
-		now := d.clock.Now()
-		if now.Sub(da.at) > d.core.Config().AskInterval {
-			continue
-		}
-		if free := unpressed(da.ask, d.pressedKeys(now, da.ask)); len(free.Keys) > 0 {
-			d.answerAsk(ctx, free, nil)
-		}
-	}
 }
 
 // applyTransfer handles one message of the transfer bus.
-func (d *Driver) applyTransfer(ctx context.Context, m transferIn, tr *transferLoop) {
+func (d *Driver) applyTransfer(ctx context.Context, m transferIn) {
 	region := d.core.Config().Region
 	switch {
 	case m.ask != nil && m.ask.Region != region:
-		d.answerAsk(ctx, m.ask, tr)
+		d.answerAsk(ctx, m.ask)
 	case m.give != nil && m.give.To == region:
 		d.acceptGive(ctx, m.give)
 	}
@@ -404,35 +350,7 @@ func (d *Driver) applyTransfer(ctx context.Context, m transferIn, tr *transferLo
 
 // answerAsk reads this region's demand for the asked keys, lets the Core
 // answer, writes the lowered shares and only then publishes the give.
-//
-// With tr (an ask just received), the asked keys under pressure here
-// (Core.UnderPressure: the Core would give none of them) are kept in
-// tr.deferred, replacing an older deferred ask of the same region, before
-// the demand read (a baseline taken now would count this region's last
-// flush of its own rejections into its demand later). The next pressure
-// read that a wake-up brings (the region's pressure changed: for a region
-// whose traffic just left, its gateways' first flush without it) answers
-// them again, tr nil, within AskInterval of the ask, for the keys no
-// longer under pressure: without it the asker would ask again only at its
-// next read (through the binaries, a second after the shift when the two
-// regions' gateways flush in phase). An ask answered late is an ask the
-// bus delayed, which the rules allow. Only woken reads answer them: in
-// the simulator, answering deferred asks at every read cost
-// five-regions-lossy 2 points (regions under steady contention gave away
-// what they needed the second after).
-func (d *Driver) answerAsk(ctx context.Context, ask *Ask, tr *transferLoop) {
-	if later := d.pressedKeys(d.clock.Now(), ask); tr != nil && later != nil {
-		if tr.deferred == nil {
-			tr.deferred = map[string]deferredAsk{}
-		}
-		tr.deferred[ask.Region] = deferredAsk{ask: later, at: d.clock.Now()}
-		if len(later.Keys) == len(ask.Keys) {
-			d.observeTransfer(TransferInfo{Kind: AskReceived, Region: ask.Region, Keys: len(ask.Keys), Deferred: true})
-			d.log.Debug("rebalancer: ask deferred", "from", ask.Region, "epoch", ask.Epoch, "keys", len(ask.Keys))
-			return
-		}
-		ask = unpressed(ask, later)
-	}
+func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 	keys := make([]Key, len(ask.Keys))
 	for i, k := range ask.Keys {
 		keys[i] = k.Key
@@ -460,7 +378,7 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask, tr *transferLoop) {
 	}
 	d.observeTransfer(info)
 	d.log.Debug("rebalancer: ask answered", "from", ask.Region, "epoch", ask.Epoch, "keys", len(ask.Keys), "own_keys", len(own),
-		"own_demand_milli", firstDemand(own, ask), "gave_keys", giveLen(give), "deferred_answer", tr == nil)
+		"own_demand_milli", firstDemand(own, ask), "gave_keys", giveLen(give))
 	if give == nil || len(give.Keys) == 0 {
 		d.enqueue(ups)
 		if len(ups) > 0 {
@@ -547,40 +465,6 @@ func giveLen(g *Give) int {
 		return 0
 	}
 	return len(g.Keys)
-}
-
-// pressedKeys returns the part of ask whose keys are under pressure here,
-// or nil when there is none.
-func (d *Driver) pressedKeys(now time.Time, ask *Ask) *Ask {
-	var out *Ask
-	for _, k := range ask.Keys {
-		if !d.core.UnderPressure(k.Key, now) {
-			continue
-		}
-		if out == nil {
-			out = &Ask{Region: ask.Region, Epoch: ask.Epoch}
-		}
-		out.Keys = append(out.Keys, k)
-	}
-	return out
-}
-
-// unpressed returns ask without the keys of still (ask itself when nil).
-func unpressed(ask, still *Ask) *Ask {
-	if still == nil {
-		return ask
-	}
-	skip := map[Key]bool{}
-	for _, k := range still.Keys {
-		skip[k.Key] = true
-	}
-	out := &Ask{Region: ask.Region, Epoch: ask.Epoch}
-	for _, k := range ask.Keys {
-		if !skip[k.Key] {
-			out.Keys = append(out.Keys, k)
-		}
-	}
-	return out
 }
 
 // logGiveKeys bounds the keys a refused give's log line names.

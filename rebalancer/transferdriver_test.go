@@ -227,16 +227,12 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 }
 
 // wakingPressure is a fakePressure that is also a PressureWaker: a
-// send on wake wakes the driver; it records the times of its reads and,
-// until staleUntil, lists stale (its gateways' last flush of rejections:
-// the key stays under pressure although the traffic left).
+// send on wake wakes the driver; it records the times of its reads.
 type wakingPressure struct {
 	*fakePressure
-	wake       chan struct{}
-	mu         sync.Mutex
-	reads      []time.Time
-	stale      Key
-	staleUntil time.Time
+	wake  chan struct{}
+	mu    sync.Mutex
+	reads []time.Time
 }
 
 var _ PressureWaker = (*wakingPressure)(nil)
@@ -246,9 +242,6 @@ func (p *wakingPressure) Pressure(ctx context.Context, now time.Time) ([]Pressur
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.reads = append(p.reads, now)
-	if now.Before(p.staleUntil) {
-		out = append(out, Pressure{Key: p.stale, DemandMilli: 1_000_000})
-	}
 	return out, err
 }
 
@@ -321,113 +314,4 @@ func TestDriverPressureWake(t *testing.T) {
 		cancel()
 		synctest.Wait()
 	})
-}
-
-// TestDriverDefersAnAskUnderPressure: the demand moves from eu to us, but
-// eu's gateways' last flush of rejections keeps the key under pressure at
-// eu for 400 ms after the shift (its reads list it), so eu can give
-// nothing when us's first ask comes. eu keeps the ask and answers it at
-// the read its gateways' next flush wakes (the traffic left), 450 ms after
-// the shift: us gets its gift from its first ask, not from the one it may
-// send half an AskInterval later.
-func TestDriverDefersAnAskUnderPressure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const epoch = 4 * time.Second
-		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
-		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
-		w := newWorld(t, []string{"eu", "us"}, lim, keys)
-		var shiftEpoch int64 = 1 << 40
-		var shiftAt time.Time
-		w.demand = func(region string, e int64, _ Key) int64 {
-			if (e > shiftEpoch || e == shiftEpoch && time.Now().After(shiftAt)) == (region == "us") {
-				return 4000 // 1000/s
-			}
-			return 0
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		all := map[string]*memTransfers{}
-		var (
-			emu    sync.Mutex
-			events []string // "<region> <kind>" in order
-		)
-		pressure := map[string]*wakingPressure{}
-		drivers := map[string]*Driver{}
-		for _, name := range w.regions {
-			all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: all}
-		}
-		for _, name := range w.regions {
-			cfg := driverTestConfig()
-			cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, w.regions, epoch, time.Second
-			cfg.AskInterval = time.Second
-			core, err := New(cfg, PolicyMap{"p": lim})
-			require.NoError(t, err)
-			pressure[name] = &wakingPressure{fakePressure: &fakePressure{w: w, region: name, epoch: epoch}, wake: make(chan struct{}, 1), stale: keys[0]}
-			d, err := NewDriver(core, DriverConfig{
-				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
-				Observer: &eventObserver{region: name, mu: &emu, events: &events}, Pressure: pressure[name], Transfers: all[name],
-				PressureInterval: 200 * time.Millisecond,
-			})
-			require.NoError(t, err)
-			drivers[name] = d
-			go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
-		}
-		w.watch(12*epoch, keys[0])
-		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L")
-
-		// After the collection of m-1 (500 ms into m): an ask of the
-		// period before is not answered (its gift would be refused).
-		m := EpochOf(time.Now(), epoch) + 1
-		shift := EpochStart(m, epoch).Add(600 * time.Millisecond)
-		time.Sleep(time.Until(shift))
-		w.mu.Lock()
-		shiftEpoch, shiftAt = m, shift
-		w.mu.Unlock()
-		pressure["eu"].mu.Lock()
-		pressure["eu"].staleUntil = shift.Add(400 * time.Millisecond)
-		pressure["eu"].mu.Unlock()
-		emu.Lock()
-		events = nil
-		emu.Unlock()
-		time.Sleep(time.Until(shift.Add(450 * time.Millisecond)))
-		pressure["eu"].wake <- struct{}{} // eu's gateways flushed without the key's traffic
-		w.watch(epoch-1500*time.Millisecond, keys[0])
-		assert.Greater(t, w.enforced("us", keys[0]).RateMilli, lim.RateMilli*9/10, "us holds most of L within the epoch")
-
-		emu.Lock()
-		var asks int
-		var gave bool
-		for _, e := range events {
-			if e == "us "+AskSent.String() {
-				asks++
-			}
-			if e == "eu "+GiveSent.String() {
-				gave = true
-				break
-			}
-		}
-		emu.Unlock()
-		assert.True(t, gave, "eu gave")
-		assert.Equal(t, 1, asks, "us asked once before eu gave: eu answered the deferred ask")
-		assert.Positive(t, drivers["eu"].Status().Transfers.AsksDeferred)
-		cancel()
-		synctest.Wait()
-	})
-}
-
-// eventObserver appends "<region> <kind>" of every transfer that went
-// through to a shared list (the order the drivers report them in).
-type eventObserver struct {
-	observerLog
-	region string
-	mu     *sync.Mutex
-	events *[]string
-}
-
-func (o *eventObserver) Transferred(t TransferInfo) {
-	if t.Err != nil || t.Reason != "" {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	*o.events = append(*o.events, o.region+" "+t.Kind.String())
 }

@@ -28,11 +28,7 @@ import (
 //   - Asks. Core.ReceiveAsk is given this region's demand rates of the
 //     last flush interval (the asked keys' recent usage). Its updates are
 //     written first; the Give is published only when they were written
-//     (the store is up and nothing older is unwritten), else dropped. As
-//     the production driver does, the asked keys under pressure here
-//     (Core.UnderPressure) are kept, the last ask per asker, and answered
-//     again at the next poll a wake-up brings (within AskInterval), for
-//     the keys no longer under pressure.
+//     (the store is up and nothing older is unwritten), else dropped.
 //   - Gives. Core.ReceiveGive's updates are written like a decision's:
 //     kept while the store is down, and no report is published until they
 //     are written.
@@ -60,10 +56,6 @@ type flushState struct {
 	recent    []rebalancer.Pressure    // demand rate of every key of the last flush interval
 	marked    []rebalancer.Pressure    // the keys under pressure in it
 	pollAt    time.Time                // when to read marked (zero: nothing to read)
-	woken     bool                     // pollAt is a wake-up's (see PressureWakeDelay)
-	// deferred holds, per asker, the keys of its last ask that were under
-	// pressure here (see receiveAsk).
-	deferred map[string]deferredAsk
 	// prevMarked is the keys marked at the flush before.
 	prevMarked map[rebalancer.Key]bool
 }
@@ -124,7 +116,7 @@ func (c *RebalancerCoordinator) flushAt(now time.Time, served []Usage, boundary 
 		}
 	}
 	f.prevMarked = marked
-	f.pollAt, f.woken = now.Add(delay), delay == PressureWakeDelay
+	f.pollAt = now.Add(delay)
 	f.nextFlush = now.Truncate(GatewayFlushInterval).Add(GatewayFlushInterval)
 }
 
@@ -159,46 +151,6 @@ func (c *RebalancerCoordinator) transfers(now time.Time, res *TickResult) {
 		if ask := c.core.Pressure(now, f.marked); ask != nil {
 			res.Publish = append(res.Publish, ask)
 		}
-		if f.woken {
-			c.answerDeferred(now, res)
-		}
-	}
-}
-
-// deferredAsk is an ask kept for a later poll, and when it arrived.
-type deferredAsk struct {
-	ask *rebalancer.Ask
-	at  time.Time
-}
-
-// answerDeferred answers the deferred asks' keys that are no longer under
-// pressure (dropping asks older than AskInterval).
-func (c *RebalancerCoordinator) answerDeferred(now time.Time, res *TickResult) {
-	f := &c.fl
-	regions := make([]string, 0, len(f.deferred))
-	for r := range f.deferred {
-		regions = append(regions, r)
-	}
-	slices.Sort(regions)
-	for _, r := range regions {
-		da := f.deferred[r]
-		delete(f.deferred, r)
-		if now.Sub(da.at) > c.core.Config().AskInterval {
-			continue
-		}
-		left := &rebalancer.Ask{Region: da.ask.Region, Epoch: da.ask.Epoch}
-		for _, k := range da.ask.Keys {
-			if !c.core.UnderPressure(k.Key, now) {
-				left.Keys = append(left.Keys, k)
-			}
-		}
-		if len(left.Keys) == 0 {
-			continue
-		}
-		if err := c.answerAt(now, left, res); err != nil {
-			res.Err = err
-			return
-		}
 	}
 }
 
@@ -217,25 +169,6 @@ func (c *RebalancerCoordinator) transferWake() time.Time {
 // receiveAsk answers an Ask: the lowered shares are written, then the
 // Give published; a Give whose updates could not be written is dropped.
 func (c *RebalancerCoordinator) receiveAsk(now time.Time, ask *rebalancer.Ask, res *TickResult) error {
-	if ask.Region != c.core.Config().Region {
-		later := &rebalancer.Ask{Region: ask.Region, Epoch: ask.Epoch}
-		for _, k := range ask.Keys {
-			if c.core.UnderPressure(k.Key, now) {
-				later.Keys = append(later.Keys, k)
-			}
-		}
-		if len(later.Keys) > 0 {
-			if c.fl.deferred == nil {
-				c.fl.deferred = map[string]deferredAsk{}
-			}
-			c.fl.deferred[ask.Region] = deferredAsk{ask: later, at: now}
-		}
-	}
-	return c.answerAt(now, ask, res)
-}
-
-// answerAt lets the Core answer ask and writes, then publishes, its give.
-func (c *RebalancerCoordinator) answerAt(now time.Time, ask *rebalancer.Ask, res *TickResult) error {
 	ups, give, err := c.core.ReceiveAsk(now, ask, c.fl.recent)
 	if err != nil {
 		return err
