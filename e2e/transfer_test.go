@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -69,16 +70,17 @@ func TestBinariesTransferAfterShift(t *testing.T) {
 	type region struct {
 		name, admin, gateway string
 		redis                *redistest.Server
+		coordinator          *proc
 	}
 	var rs []*region
 	for _, name := range regions {
 		r := &region{name: name, redis: redistest.StartServer(t)}
 		caddr := freeAddr(t)
 		r.admin = "http://" + caddr
-		start(t, dir, "coordinator-"+name, quotient, nil, "coordinator",
+		r.coordinator = start(t, dir, "coordinator-"+name, quotient, nil, "coordinator",
 			"--region", name, "--regions", strings.Join(regions, ","),
 			"--redis", r.redis.Addr(), "--kafka", kafka, "--listen", caddr,
-			"--epoch", xferEpoch.String(), "--policies", policies)
+			"--epoch", xferEpoch.String(), "--policies", policies, "--log-level", "debug")
 		rs = append(rs, r)
 	}
 	for _, r := range rs {
@@ -107,6 +109,8 @@ func TestBinariesTransferAfterShift(t *testing.T) {
 		firstViol  string
 		shiftAt    atomic.Pointer[time.Time]
 		shareAt    time.Time // when the new region's share first reached 90 % of L after the shift
+		marks      []markSample
+		lastMark   = map[string]int64{}
 	)
 	sctx, stopSampling := context.WithCancel(context.Background())
 	var sampler sync.WaitGroup
@@ -145,7 +149,25 @@ func TestBinariesTransferAfterShift(t *testing.T) {
 			if !ok {
 				continue // shutting down
 			}
+			// The gateways' pressure marks of k-x (the pressure flushes),
+			// for the timeline.
+			field := "x:" + limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "k-x"}.Key()
+			mk := map[string]int64{}
+			for _, r := range rs {
+				ctx, cancel := context.WithTimeout(sctx, time.Second)
+				n, err := r.redis.Client().HGet(ctx, limiter.UsagePressureKey(rebalancer.EpochOf(now, xferEpoch)), field).Int64()
+				cancel()
+				if err == nil {
+					mk[r.name] = n
+				}
+			}
 			smu.Lock()
+			for name, n := range mk {
+				if s := shiftAt.Load(); s != nil && n != lastMark[name] && now.Sub(*s) < xferAfter {
+					marks = append(marks, markSample{region: name, at: now, n: n})
+				}
+				lastMark[name] = n
+			}
 			samples++
 			last = cur
 			if sumR > lim.l || sumB > lim.l {
@@ -241,6 +263,21 @@ func TestBinariesTransferAfterShift(t *testing.T) {
 	for _, r := range rs {
 		logMetrics(t, r.name, r.admin+"/metrics", "quotient_coordinator_transfer_", "quotient_coordinator_errors_total")
 	}
+	var logs []transferLog
+	for _, r := range rs {
+		logs = append(logs, transferLogs(t, r.name, r.coordinator.log, shifted.Add(-time.Second), shifted.Add(xferAfter))...)
+	}
+	sort.Slice(logs, func(i, j int) bool { return logs[i].at.Before(logs[j].at) })
+	var timeline strings.Builder
+	for _, l := range logs {
+		fmt.Fprintf(&timeline, "\n  %+6.2fs %-8s %s", l.at.Sub(shifted).Seconds(), l.region, l.what)
+	}
+	smu.Lock()
+	for _, m := range marks {
+		fmt.Fprintf(&timeline, "\n  %+6.2fs %-8s pressure mark seen in Redis (sampled every 100 ms): %d", m.at.Sub(shifted).Seconds(), m.region, m.n)
+	}
+	smu.Unlock()
+	t.Logf("the transfer steps around the shift (coordinators' debug log; times from the shift):%s", timeline.String())
 
 	amu.Lock()
 	defer amu.Unlock()
@@ -311,6 +348,54 @@ func TestBinariesTransferAfterShift(t *testing.T) {
 		}
 	}
 	t.Logf("admitted globally: at most %.0f%% of B + L*(W+0.5) in a window of %d s; the deployment ran %v", 100*worst, worstW, time.Since(began).Round(time.Second))
+}
+
+// markSample is a change of one region's pressure mark of the test's key.
+type markSample struct {
+	region string
+	at     time.Time
+	n      int64
+}
+
+// transferLog is one transfer step in a coordinator's debug log.
+type transferLog struct {
+	region string
+	at     time.Time
+	what   string
+}
+
+// transferLogs returns the transfer steps of a coordinator's JSON log
+// (its debug lines of the pressure reads, asks and gives) between from
+// and to.
+func transferLogs(t *testing.T, region, path string, from, to time.Time) []transferLog {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var out []transferLog
+	for _, line := range strings.Split(string(data), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) != nil {
+			continue
+		}
+		msg, _ := m["msg"].(string)
+		if !strings.HasPrefix(msg, "rebalancer: pressure") && !strings.HasPrefix(msg, "rebalancer: ask") && !strings.HasPrefix(msg, "rebalancer: give") {
+			continue
+		}
+		ts, _ := m["time"].(string)
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil || at.Before(from) || at.After(to) {
+			continue
+		}
+		var attrs []string
+		for k, v := range m {
+			if k != "time" && k != "level" && k != "msg" {
+				attrs = append(attrs, fmt.Sprintf("%s=%v", k, v))
+			}
+		}
+		sort.Strings(attrs)
+		out = append(out, transferLog{region: region, at: at, what: strings.TrimPrefix(msg, "rebalancer: ") + " " + strings.Join(attrs, " ")})
+	}
+	return out
 }
 
 // limitMilli holds a policy's limit in milli units and its default share.

@@ -43,12 +43,48 @@ func testPressureMarks(t *testing.T, client redis.UniversalClient) {
 	l := usageLimiter(t, clock, nil)
 	f := NewUsageFlusher(l, NewRedisUsageSink(client, 8, 10*time.Second, 3), UsageFlusherConfig{})
 	ctx := context.Background()
-	hammer(t, l, "busy", "odd {key}") // 3 requests each against burst 2: 1 rejected
 	_, err := l.Check(ctx, Request{Identity: Identity{APIKey: "calm"}, Method: "GET", Path: "/"})
 	require.NoError(t, err)
 	require.NoError(t, f.Flush(ctx, clock.Now()))
-	hammer(t, l, "busy") // all 3 rejected now: demand 3 more
+	n, err := client.Exists(ctx, UsagePressureWakeKey).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "a flush that marks nothing wakes nobody")
+	woke := func(what string) {
+		t.Helper()
+		v, err := client.LPop(ctx, UsagePressureWakeKey).Result()
+		require.NoError(t, err, what)
+		assert.Equal(t, "1", v, what)
+	}
+	slept := func(what string) {
+		t.Helper()
+		n, err := client.Exists(ctx, UsagePressureWakeKey).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, what)
+	}
+	hammer(t, l, "busy", "odd {key}") // 3 requests each against burst 2: 1 rejected
 	require.NoError(t, f.Flush(ctx, clock.Now()))
+	woke("new pressure pushes the wake token")
+	hammer(t, l, "busy", "odd {key}") // all 3 rejected now: demand 3 more
+	require.NoError(t, f.Flush(ctx, clock.Now()))
+	slept("the same keys as the flush before: no wake-up")
+	hammer(t, l, "busy")
+	require.NoError(t, f.Flush(ctx, clock.Now()))
+	woke("odd {key} has no usage in this flush: its traffic left")
+	require.NoError(t, f.Flush(ctx, clock.Now()))
+	woke("a flush of nothing after busy's marks: the token alone")
+	require.NoError(t, f.Flush(ctx, clock.Now()))
+	slept("nothing to flush, nothing marked before")
+	hammer(t, l, "new")
+	require.NoError(t, f.Flush(ctx, clock.Now()))
+	hammer(t, l, "new")
+	require.NoError(t, f.Flush(ctx, clock.Now()))
+	wakes, err := client.LRange(ctx, UsagePressureWakeKey, 0, -1).Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"1"}, wakes, "new woke; the list holds one token")
+	wttl, err := client.PTTL(ctx, UsagePressureWakeKey).Result()
+	require.NoError(t, err)
+	assert.Greater(t, wttl, time.Duration(0))
+	assert.LessOrEqual(t, wttl, UsagePressureWakeTTL)
 
 	epoch := clock.Now().UnixMilli() / 10_000
 	got, more, err := CollectUsagePressure(ctx, client, epoch, 0)
@@ -60,8 +96,9 @@ func testPressureMarks(t *testing.T, client redis.UniversalClient) {
 		byKey[p.SubjectKey] = p.Demand
 	}
 	assert.Equal(t, map[string]int64{
-		Subject{Kind: SubjectAPIKey, Value: "busy"}.Key():      6,
-		Subject{Kind: SubjectAPIKey, Value: "odd {key}"}.Key(): 3,
+		Subject{Kind: SubjectAPIKey, Value: "busy"}.Key():      9,
+		Subject{Kind: SubjectAPIKey, Value: "odd {key}"}.Key(): 6,
+		Subject{Kind: SubjectAPIKey, Value: "new"}.Key():       6,
 	}, byKey, "only the keys with rejected cost, with the demand of their pressured flushes; calm (all admitted) is not marked")
 	ttl, err := client.PTTL(ctx, UsagePressureKey(epoch)).Result()
 	require.NoError(t, err)
@@ -72,7 +109,7 @@ func testPressureMarks(t *testing.T, client redis.UniversalClient) {
 	keys := []string{"g:" + Subject{Kind: SubjectAPIKey, Value: "busy"}.Key(), "g:" + Subject{Kind: SubjectAPIKey, Value: "calm"}.Key(), "g:k:never"}
 	demand, err := CollectUsageDemand(ctx, client, epoch, 8, keys)
 	require.NoError(t, err)
-	assert.Equal(t, []int64{6, 1, 0}, demand)
+	assert.Equal(t, []int64{9, 1, 0}, demand)
 }
 
 func TestPressureMarksStandalone(t *testing.T) {

@@ -432,6 +432,7 @@ type RedisUsageSink struct {
 	split     bool // the split layout (NewSplitUsageSink)
 	epochMs   int64
 	ttlEpochs int64
+	marks     pressureMarks // the last flush's pressure marks (pressure.go)
 
 	mu      sync.Mutex
 	wide    map[int64]map[string]struct{} // by epoch: fields written wide from now on
@@ -1127,6 +1128,7 @@ func (f *UsageFlusher) Flush(ctx context.Context, now time.Time) error {
 	ovf := f.l.usage.takeOverflow()
 	counts := f.l.usage.take()
 	if len(counts) == 0 && len(ovf) == 0 {
+		f.idle(ctx) // pressure.go: a pressured key's traffic may have left
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)

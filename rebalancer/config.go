@@ -97,8 +97,9 @@ type Config struct {
 	// publishes the Give, and ReceiveGive's before its next report, may
 	// set it. DefaultConfig sets it; the zero Config does not.
 	Transfers bool
-	// AskInterval is the shortest time between two asks for the same key:
-	// a lost ask is asked again after it. 0 < AskInterval <= Epoch;
+	// AskInterval is the time after which a lost ask is asked again
+	// (two asks for the same key are at least half of it apart: see
+	// Core.Pressure). 0 < AskInterval <= Epoch;
 	// default 1 s (the gateways' usage flush interval).
 	AskInterval time.Duration
 	// AskThresholdPermille is the smallest need worth an ask, and the

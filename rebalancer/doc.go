@@ -366,7 +366,7 @@
 //   - Ask{Region, Epoch = the asker's period, Keys: Need}. Asked when the
 //     gateways rejected some of the key in the last pressure window and
 //     (demand - 3*sqrt(demand units)) * headroom exceeds the share by the
-//     ask threshold; at most every AskInterval, three times per period without a
+//     ask threshold; at most every AskInterval/2, three times per period without a
 //     gift (twice after a period of unanswered asks), never for a key the region gave in the period, never in
 //     fallback or warm-up. Asks change no share.
 //   - Give{From, To, ID, Transfer = T = the giver's period + 1, Amounts}.

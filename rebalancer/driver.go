@@ -386,9 +386,8 @@ func (d *Driver) Run(ctx context.Context) error {
 			_ = d.flush(ctx)
 			now = d.clock.Now()
 		}
-		if tr.in != nil && !now.Before(tr.next) {
-			d.pressure(ctx, now)
-			tr.next = now.Add(d.cfg.PressureInterval)
+		if tr.due(now) {
+			d.pressure(ctx, now, &tr)
 			now = d.clock.Now()
 		}
 		wake := nextCollect
@@ -415,6 +414,10 @@ func (d *Driver) Run(ctx context.Context) error {
 		case m := <-tr.in:
 			stop()
 			d.applyTransfer(ctx, m)
+		case <-tr.wake:
+			stop()
+			tr.woken(d.clock.Now(), d.pressureGap())
+			d.setStatus(func(s *Status) { s.Transfers.Wakes++ })
 		case <-c:
 		}
 	}

@@ -196,6 +196,19 @@ func askLimit(x *transferKey) int {
 	return 3
 }
 
+// askSpacing is the shortest time between two asks for a key: half the
+// AskInterval. A driver woken by a gateway's flush (new pressure) reads
+// right after it and then at its interval, and the first flush after a
+// shift holds only part of a second's demand (a small ask): the next read,
+// with the whole second, comes one interval later give or take the
+// wake-up's delay, and must be able to ask for the rest (through the
+// binaries a spacing of 7/8 of the interval missed it by 50 ms, which cost
+// a second). Reads at the interval (the simulator's) ask as before; the
+// per-period bound (askLimit) still caps the asks.
+func askSpacing(interval time.Duration) time.Duration {
+	return interval / 2
+}
+
 // askNoise is the margin, in milli per second, that a demand rate seen
 // over one second (the pressure window) must exceed a share by before it
 // is asked for: three standard deviations of a Poisson count of that many
@@ -312,7 +325,8 @@ func (c *Core) threshold(lim shares.Limit) int64 {
 // *HeadroomPermille/1000, at most L, exceeds its share by at least
 // Config.AskThresholdPermille of L; the region is neither in fallback nor
 // in warm-up and has published a report for its last collected epoch; the
-// key was not asked for within Config.AskInterval, nor three times in
+// key was not asked for within half of Config.AskInterval (see
+// askSpacing), nor three times in
 // this report period since a gift for it was last accepted (a lost ask is
 // asked again; after that the decision serves it), nor more than twice
 // in a period when the period before got no gift for all its asks (see
@@ -352,7 +366,7 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 			continue
 		}
 		if x := c.tr.keys[p.Key]; x != nil {
-			if !x.askedAt.IsZero() && now.Before(x.askedAt.Add(c.cfg.AskInterval)) {
+			if !x.askedAt.IsZero() && now.Before(x.askedAt.Add(askSpacing(c.cfg.AskInterval))) {
 				continue
 			}
 			if x.period == c.published && x.given != (shares.Share{}) {

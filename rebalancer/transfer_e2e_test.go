@@ -118,10 +118,12 @@ func TestDriverTransfersShiftWithinAnEpoch(t *testing.T) {
 		cfg.SilenceEpochs, cfg.WarmupEpochs, cfg.AskInterval = 2, 3, 500*time.Millisecond
 		core, err := rebalancer.New(cfg, rebalancer.PolicyMap{"g": lim})
 		require.NoError(t, err)
+		pressure := redisio.NewPressureSource(client, e2eUsageShards, xferEpoch, 0)
+		pressure.SetWindow(250 * time.Millisecond) // the gateways' flush interval here
 		r.driver, err = rebalancer.NewDriver(core, rebalancer.DriverConfig{
 			Usage: redisio.NewSource(client, e2eUsageShards), Shares: redisio.NewSink(client, 0), Bus: ad,
 			CollectDelay: 500 * time.Millisecond, Observer: r.obs,
-			Pressure: redisio.NewPressureSource(client, e2eUsageShards, xferEpoch, 0), Transfers: tad, PressureInterval: 250 * time.Millisecond,
+			Pressure: pressure, Transfers: tad, PressureInterval: 250 * time.Millisecond,
 		})
 		require.NoError(t, err)
 

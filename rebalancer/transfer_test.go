@@ -437,10 +437,13 @@ func TestAsksPerPeriodAreBounded(t *testing.T) {
 		}
 		return n
 	}
-	// Not twice within AskInterval.
+	// Not twice within half an AskInterval.
 	now := p.now().Add(-time.Second)
 	require.NotNil(t, p.b.Pressure(now, []Pressure{{Key: hot, DemandMilli: 100_000}}))
-	assert.Nil(t, p.b.Pressure(now.Add(500*time.Millisecond), []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	assert.Nil(t, p.b.Pressure(now.Add(499*time.Millisecond), []Pressure{{Key: hot, DemandMilli: 100_000}}))
+	// A read half an interval after the ask (woken by a flush, or the one
+	// after it early) asks again.
+	assert.NotNil(t, p.b.Pressure(now.Add(500*time.Millisecond), []Pressure{{Key: hot, DemandMilli: 100_000}}), "half an AskInterval after the last ask")
 	p.b.xkey(hot).unanswered = 0 // (start the count below afresh)
 	// Nobody answers: three asks in the period (one lost ask is asked
 	// again), then two per period.

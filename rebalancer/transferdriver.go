@@ -28,6 +28,19 @@ type PressureSource interface {
 	Demand(ctx context.Context, now time.Time, keys []Key) ([]Pressure, error)
 }
 
+// PressureWaker is implemented by a PressureSource that can tell when the
+// gateways marked pressure (rebalancer/redisio: a token the gateways'
+// flushes push, limiter.UsagePressureWakeKey). A driver whose source
+// implements it reads the pressure marks as soon as it is woken (at most
+// every PressureInterval/10), then every PressureInterval after that read.
+type PressureWaker interface {
+	// WaitPressure blocks until the gateways marked pressure since the
+	// last call (true), about wait passed (false) or ctx ended (ctx's
+	// error). Another error means the source could not be reached; the
+	// caller waits before calling again.
+	WaitPressure(ctx context.Context, wait time.Duration) (bool, error)
+}
+
 // TransferBus carries asks and gives between regions (Kafka, at least
 // once: rebalancer/kafkabus). The Core never calls it.
 type TransferBus interface {
@@ -136,7 +149,9 @@ type TransferStatus struct {
 	GivesDropped  int64 // gives whose write or publication failed
 	GivesAccepted int64 // gives to this region accepted
 	GivesRefused  int64 // gives to this region refused
-	LastError     error // the last failure of a pressure read, write or publication; nil after a success
+	// Wakes counts the pressure reads a PressureWaker woke early.
+	Wakes     int64
+	LastError error // the last failure of a pressure read, write or publication; nil after a success
 }
 
 // transferIn is one message from the transfer bus.
@@ -149,11 +164,37 @@ type transferIn struct {
 // means no transfers.
 type transferLoop struct {
 	in   chan transferIn
-	next time.Time // the next pressure read
+	wake chan struct{} // a PressureWaker woke the loop (nil: no waker)
+	next time.Time     // the next pressure read
+	last time.Time     // the last pressure read (zero: none yet)
+}
+
+// due reports whether a pressure read is due at now.
+func (tr *transferLoop) due(now time.Time) bool {
+	return tr.in != nil && !now.Before(tr.next)
+}
+
+// woken moves the next pressure read to now, or to gap after the last
+// one if that is later.
+func (tr *transferLoop) woken(now time.Time, gap time.Duration) {
+	at := tr.last.Add(gap)
+	if at.Before(now) {
+		at = now
+	}
+	if at.Before(tr.next) {
+		tr.next = at
+	}
+}
+
+// pressureGap is the shortest time between two pressure reads, when a
+// PressureWaker wakes the driver: a tenth of the interval.
+func (d *Driver) pressureGap() time.Duration {
+	return d.cfg.PressureInterval / 10
 }
 
 // startTransfers starts the transfer receiver in wg when the driver has
-// transfers configured.
+// transfers configured, and the pressure waker when its PressureSource is
+// one.
 func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transferLoop {
 	if d.cfg.Transfers == nil || d.cfg.Pressure == nil {
 		return transferLoop{}
@@ -168,12 +209,8 @@ func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transfe
 			}
 			if err != nil {
 				d.log.Warn("rebalancer: transfer receive failed", "err", err)
-				c, stop := d.clock.NewTimer(d.cfg.RetryInterval)
-				select {
-				case <-ctx.Done():
-					stop()
+				if !d.sleep(ctx, d.cfg.RetryInterval) {
 					return
-				case <-c:
 				}
 				continue
 			}
@@ -184,7 +221,46 @@ func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transfe
 			}
 		}
 	})
+	if w, ok := d.cfg.Pressure.(PressureWaker); ok {
+		wake := make(chan struct{}, 1)
+		tr.wake = wake
+		wg.Go(func() {
+			for {
+				ok, err := w.WaitPressure(ctx, d.cfg.PressureInterval)
+				if ctx.Err() != nil {
+					return
+				}
+				if err != nil {
+					// The reads every PressureInterval go on (and
+					// report the failure); retry the wait later.
+					d.log.Debug("rebalancer: pressure wake-up failed", "err", err)
+					if !d.sleep(ctx, d.cfg.RetryInterval) {
+						return
+					}
+					continue
+				}
+				if ok {
+					select {
+					case wake <- struct{}{}:
+					default: // a wake-up is pending already
+					}
+				}
+			}
+		})
+	}
 	return tr
+}
+
+// sleep waits dt on the driver's clock; false when ctx ended first.
+func (d *Driver) sleep(ctx context.Context, dt time.Duration) bool {
+	c, stop := d.clock.NewTimer(dt)
+	defer stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-c:
+		return true
+	}
 }
 
 // transferTimeout bounds one transfer I/O call: a transfer is worth
@@ -227,8 +303,10 @@ func (d *Driver) observeTransfer(info TransferInfo) {
 
 // pressure reads the pressure marks, passes them to the Core (a failed
 // read passes nothing: the keys stay under pressure for two AskIntervals)
-// and publishes its ask.
-func (d *Driver) pressure(ctx context.Context, now time.Time) {
+// and publishes its ask. The next read is an interval later (or sooner,
+// when woken).
+func (d *Driver) pressure(ctx context.Context, now time.Time, tr *transferLoop) {
+	tr.last, tr.next = now, now.Add(d.cfg.PressureInterval)
 	pctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
 	ps, err := d.cfg.Pressure.Pressure(pctx, now)
 	cancel()
@@ -242,17 +320,21 @@ func (d *Driver) pressure(ctx context.Context, now time.Time) {
 	// until a read no longer lists it (a region whose traffic just left
 	// gives at the next ask).
 	ask := d.core.Pressure(now, ps)
-	if ask == nil || len(ask.Keys) == 0 {
-		return
+	if len(ps) > 0 || ask != nil {
+		d.log.Debug("rebalancer: pressure read", "keys", len(ps), "asked", askLen(ask))
 	}
-	pctx, cancel = context.WithTimeout(ctx, d.transferTimeout())
-	err = d.cfg.Transfers.PublishAsk(pctx, ask)
-	cancel()
-	if err != nil {
-		err = fmt.Errorf("rebalancer: publish ask (%d keys): %w", len(ask.Keys), err)
-		d.log.Warn("rebalancer: ask not published; asked again after AskInterval", "err", err)
+	if ask != nil && len(ask.Keys) > 0 {
+		pctx, cancel = context.WithTimeout(ctx, d.transferTimeout())
+		err = d.cfg.Transfers.PublishAsk(pctx, ask)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("rebalancer: publish ask (%d keys): %w", len(ask.Keys), err)
+			d.log.Warn("rebalancer: ask not published; asked again after AskInterval", "err", err)
+		} else {
+			d.log.Debug("rebalancer: ask published", "epoch", ask.Epoch, "keys", len(ask.Keys), "need_milli", ask.Keys[0].Need.RateMilli)
+		}
+		d.observeTransfer(TransferInfo{Kind: AskSent, Keys: len(ask.Keys), Err: err})
 	}
-	d.observeTransfer(TransferInfo{Kind: AskSent, Keys: len(ask.Keys), Err: err})
 }
 
 // applyTransfer handles one message of the transfer bus.
@@ -295,6 +377,8 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 		return
 	}
 	d.observeTransfer(info)
+	d.log.Debug("rebalancer: ask answered", "from", ask.Region, "epoch", ask.Epoch, "keys", len(ask.Keys), "own_keys", len(own),
+		"own_demand_milli", firstDemand(own, ask), "gave_keys", giveLen(give))
 	if give == nil || len(give.Keys) == 0 {
 		d.enqueue(ups)
 		if len(ups) > 0 {
@@ -319,6 +403,8 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 	if err != nil {
 		gi.Reason, gi.Err = ReasonPublish, fmt.Errorf("rebalancer: give %d to %s not published (its amount is unused until the next decision): %w", give.ID, give.To, err)
 		d.log.Warn("rebalancer: give not published", "err", gi.Err)
+	} else {
+		d.log.Debug("rebalancer: give published", "to", give.To, "id", give.ID, "transfer_epoch", give.Transfer, "keys", len(give.Keys), "rate_milli", gi.Amount.RateMilli)
 	}
 	d.observeTransfer(gi)
 }
@@ -347,9 +433,38 @@ func (d *Driver) acceptGive(ctx context.Context, g *Give) {
 		d.enqueue(ups)
 		if werr := d.flush(ctx); werr != nil {
 			info.Err = fmt.Errorf("rebalancer: accepted give %d of %s: raised shares unwritten (retried): %w", g.ID, g.From, werr)
+		} else {
+			d.log.Debug("rebalancer: give accepted and written", "from", g.From, "id", g.ID, "keys", len(g.Keys), "rate_milli", info.Amount.RateMilli)
 		}
 	}
 	d.observeTransfer(info)
+}
+
+// firstDemand is the demand in ps of ask's first key (0 when absent).
+func firstDemand(ps []Pressure, ask *Ask) int64 {
+	if len(ask.Keys) == 0 {
+		return 0
+	}
+	for _, p := range ps {
+		if p.Key == ask.Keys[0].Key {
+			return p.DemandMilli
+		}
+	}
+	return 0
+}
+
+func askLen(a *Ask) int {
+	if a == nil {
+		return 0
+	}
+	return len(a.Keys)
+}
+
+func giveLen(g *Give) int {
+	if g == nil {
+		return 0
+	}
+	return len(g.Keys)
 }
 
 // logGiveKeys bounds the keys a refused give's log line names.

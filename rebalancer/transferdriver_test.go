@@ -225,3 +225,93 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// wakingPressure is a fakePressure that is also a PressureWaker: a
+// send on wake wakes the driver; it records the times of its reads.
+type wakingPressure struct {
+	*fakePressure
+	wake  chan struct{}
+	mu    sync.Mutex
+	reads []time.Time
+}
+
+var _ PressureWaker = (*wakingPressure)(nil)
+
+func (p *wakingPressure) Pressure(ctx context.Context, now time.Time) ([]Pressure, error) {
+	out, err := p.fakePressure.Pressure(ctx, now)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reads = append(p.reads, now)
+	return out, err
+}
+
+func (p *wakingPressure) WaitPressure(ctx context.Context, wait time.Duration) (bool, error) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-p.wake:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+func (p *wakingPressure) readsSince(t0 time.Time) []time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []time.Duration
+	for _, r := range p.reads {
+		out = append(out, r.Sub(t0))
+	}
+	return out
+}
+
+// TestDriverPressureWake: a driver whose PressureSource is a
+// PressureWaker reads the pressure marks as soon as it is woken (the
+// gateways flushed new marks), not at its next interval; a wake-up sooner
+// than PressureInterval/10 after the last read waits for that tenth;
+// after a read the next one is an interval later. In virtual time, so the
+// read times are exact.
+func TestDriverPressureWake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us"}, lim, keys)
+		w.demand = func(string, int64, Key) int64 { return 0 }
+		cfg := driverTestConfig()
+		cfg.Region, cfg.Regions, cfg.Epoch = "eu", w.regions, 4*time.Second
+		core, err := New(cfg, PolicyMap{"p": lim})
+		require.NoError(t, err)
+		p := &wakingPressure{fakePressure: &fakePressure{w: w, region: "eu", epoch: cfg.Epoch}, wake: make(chan struct{}, 1)}
+		tb := &memTransfers{w: w, region: "eu", inbox: make(chan transferIn, 16)}
+		tb.all = map[string]*memTransfers{"eu": tb}
+		d, err := NewDriver(core, DriverConfig{
+			Usage: &fakeSource{w: w, region: "eu"}, Shares: &fakeSink{w: w, region: "eu"}, Bus: w.ports["eu"],
+			Pressure: p, Transfers: tb, PressureInterval: time.Second,
+		})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		t0 := time.Now()
+		go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
+		wakeAt := func(at time.Duration) {
+			time.Sleep(time.Until(t0.Add(at)))
+			select {
+			case p.wake <- struct{}{}:
+			default:
+				t.Errorf("at %v: the last wake-up was not taken", at)
+			}
+			synctest.Wait()
+		}
+		wakeAt(2500 * time.Millisecond) // a flush marked pressure: read at once
+		wakeAt(2550 * time.Millisecond) // another, 50 ms later: read at 2.6 s
+		time.Sleep(time.Until(t0.Add(4 * time.Second)))
+		synctest.Wait()
+		assert.Equal(t, []time.Duration{time.Second, 2 * time.Second, 2500 * time.Millisecond, 2600 * time.Millisecond, 3600 * time.Millisecond},
+			p.readsSince(t0), "reads every second, at a wake-up, a tenth after it, then a second later")
+		assert.Equal(t, int64(2), d.Status().Transfers.Wakes)
+		cancel()
+		synctest.Wait()
+	})
+}

@@ -237,7 +237,11 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, *kafka
 			c.observer.transferMalformed.Inc()
 			c.log.Warn("region: transfer message rejected", "err", err)
 		}
-		tbus, pressure = tadapter, redisio.NewPressureSource(c.redis, c.cfg.UsageShards, c.rcfg.Epoch, 0)
+		ps := redisio.NewPressureSource(c.redis, c.cfg.UsageShards, c.rcfg.Epoch, 0)
+		// Rates over at least a pressure interval (the gateways' flush
+		// interval by default), however often the wake-ups come.
+		ps.SetWindow(c.cfg.PressureInterval)
+		tbus, pressure = tadapter, ps
 	}
 	d, err := rebalancer.NewDriver(core, rebalancer.DriverConfig{
 		Usage:        c.usage,
@@ -532,6 +536,7 @@ type transferHealth struct {
 	GivesDropped  int64     `json:"gives_dropped"`
 	GivesAccepted int64     `json:"gives_accepted"`
 	GivesRefused  int64     `json:"gives_refused"`
+	Wakes         int64     `json:"pressure_wakes"` // pressure reads the gateways' wake token brought forward
 	LastError     string    `json:"last_error,omitempty"`
 }
 
@@ -551,7 +556,7 @@ func (c *Coordinator) healthz(w http.ResponseWriter, _ *http.Request) {
 		h.LastEpoch, h.LastCollect, h.Unwritten = st.LastEpoch, st.LastCollect, st.Unwritten
 		if t := st.Transfers; t.Enabled {
 			h.Transfers = &transferHealth{LastPressure: t.LastPressure, PressureKeys: t.PressureKeys, AsksSent: t.AsksSent, AsksReceived: t.AsksReceived,
-				GivesSent: t.GivesSent, GivesDropped: t.GivesDropped, GivesAccepted: t.GivesAccepted, GivesRefused: t.GivesRefused}
+				GivesSent: t.GivesSent, GivesDropped: t.GivesDropped, GivesAccepted: t.GivesAccepted, GivesRefused: t.GivesRefused, Wakes: t.Wakes}
 			if t.LastError != nil {
 				h.Transfers.LastError = t.LastError.Error()
 			}

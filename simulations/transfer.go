@@ -16,10 +16,15 @@ import (
 //     A key whose demand exceeded what was admitted in that flush (a
 //     rejection: the gateways' pressure mark) is under pressure, with its
 //     demand rate over the flush interval. The coordinator reads the marks
-//     PressurePollDelay after the flush (its poll runs every second with its
-//     own phase; half a second is the average wait) and calls
-//     Core.Pressure; an Ask goes on the scenario's bus (latency, jitter,
-//     loss, duplication and partitions, as reports).
+//     PressurePollDelay after the flush (its poll runs every second with
+//     its own phase; half a second is the average wait), or
+//     PressureWakeDelay after it when the region's pressure changed: the
+//     flush marked a key the one before did not, or a key the one before
+//     marked has no demand in it (the flush's wake token wakes it:
+//     limiter.UsagePressureWakeKey, rebalancer.PressureWaker), and calls
+//     Core.Pressure; an Ask goes on
+//     the scenario's bus (latency, jitter, loss, duplication and
+//     partitions, as reports).
 //   - Asks. Core.ReceiveAsk is given this region's demand rates of the
 //     last flush interval (the asked keys' recent usage). Its updates are
 //     written first; the Give is published only when they were written
@@ -35,6 +40,14 @@ import (
 // coordinator reads the pressure marks: the average phase of a 1 s poll.
 const PressurePollDelay = 500 * time.Millisecond
 
+// PressureWakeDelay is PressurePollDelay for a flush that changes the
+// region's pressure (see flushAt): the gateway pushes the wake token then
+// (limiter.UsagePressureWakeKey), which reaches the coordinator's BLPOP
+// within a round trip, and the read takes another (10 ms covers both on a
+// loaded machine). Flushes that mark the same keys as the one before wake
+// nobody: the coordinator reads them at its interval.
+const PressureWakeDelay = 10 * time.Millisecond
+
 // flushState is the coordinator's model of the gateways' flushes.
 type flushState struct {
 	started   bool
@@ -43,6 +56,8 @@ type flushState struct {
 	recent    []rebalancer.Pressure    // demand rate of every key of the last flush interval
 	marked    []rebalancer.Pressure    // the keys under pressure in it
 	pollAt    time.Time                // when to read marked (zero: nothing to read)
+	// prevMarked is the keys marked at the flush before.
+	prevMarked map[rebalancer.Key]bool
 }
 
 // flushAt takes the flush at now: served is what the gateways counted
@@ -83,7 +98,25 @@ func (c *RebalancerCoordinator) flushAt(now time.Time, served []Usage, boundary 
 	slices.SortFunc(f.marked, func(a, b rebalancer.Pressure) int { return compareKey(a.Key, b.Key) })
 	// Polled even when nothing is marked: a key absent from a poll is no
 	// longer under pressure (see rebalancer.Core.Pressure).
-	f.pollAt = now.Add(PressurePollDelay)
+	delay := PressurePollDelay
+	marked := make(map[rebalancer.Key]bool, len(f.marked))
+	for _, p := range f.marked {
+		marked[p.Key] = true
+		if !f.prevMarked[p.Key] {
+			delay = PressureWakeDelay
+		}
+	}
+	active := make(map[rebalancer.Key]bool, len(f.recent))
+	for _, p := range f.recent {
+		active[p.Key] = true
+	}
+	for k := range f.prevMarked {
+		if !active[k] {
+			delay = PressureWakeDelay // the traffic of a pressured key left
+		}
+	}
+	f.prevMarked = marked
+	f.pollAt = now.Add(delay)
 	f.nextFlush = now.Truncate(GatewayFlushInterval).Add(GatewayFlushInterval)
 }
 

@@ -19,23 +19,35 @@ var ErrPressure = errors.New("redisio: pressure read failed")
 
 // PressureSource reads the gateways' pressure marks and current usage
 // from the region's Redis (limiter.UsagePressureKey, limiter.UsageKey) as
-// a rebalancer.PressureSource. It remembers the counts of its last read
-// (two epochs' pressure hashes, at most maxKeys fields each), so its
-// demand rates are what each key's marks gained since then. Safe for
-// concurrent use (calls are serialised).
+// a rebalancer.PressureSource, and waits for the gateways' wake token
+// (limiter.UsagePressureWakeKey) as a rebalancer.PressureWaker. It
+// remembers the counts of its last read (two epochs' pressure hashes, at
+// most maxKeys fields each), so its demand rates are what each key's
+// marks gained since then, over at least the window (the gateways' flush
+// interval: see SetWindow). Safe for concurrent use (calls are
+// serialised).
 type PressureSource struct {
 	client  redis.UniversalClient
 	shards  int
 	epoch   time.Duration
 	maxKeys int
 
-	mu     sync.Mutex
-	lastAt time.Time                  // zero before the first read
-	last   map[int64]map[string]int64 // epoch -> field -> count at lastAt
-	more   int64                      // reads that found more than maxKeys fields
+	window time.Duration // the shortest span a demand rate is measured over
+
+	mu sync.Mutex
+	// last holds the counts of the last read (nil before the first read
+	// and after a failed one).
+	last *pressureSnap
+	more int64 // reads that found more than maxKeys fields
 	// own holds, per key field, the usage counts of Demand's last read
 	// of it (a baseline for the next one) and the rate it gave.
 	own map[string]ownRead
+}
+
+// pressureSnap is the pressure hashes' counts at one read.
+type pressureSnap struct {
+	at     time.Time
+	counts map[int64]map[string]int64 // epoch -> field -> count
 }
 
 // ownRead is one key's usage counts (by epoch) at a Demand read, and the
@@ -47,7 +59,10 @@ type ownRead struct {
 	rateOK bool
 }
 
-var _ rebalancer.PressureSource = (*PressureSource)(nil)
+var (
+	_ rebalancer.PressureSource = (*PressureSource)(nil)
+	_ rebalancer.PressureWaker  = (*PressureSource)(nil)
+)
 
 // NewPressureSource returns a PressureSource on client (owned by the
 // caller) for gateways with shards usage shards
@@ -61,7 +76,25 @@ func NewPressureSource(client redis.UniversalClient, shards int, epoch time.Dura
 	if maxKeys <= 0 {
 		maxKeys = limiter.DefaultPressureMaxKeys
 	}
-	return &PressureSource{client: client, shards: shards, epoch: epoch, maxKeys: maxKeys}
+	return &PressureSource{client: client, shards: shards, epoch: epoch, maxKeys: maxKeys, window: DefaultPressureWindow}
+}
+
+// DefaultPressureWindow is the default shortest span of a demand rate: the
+// gateways' default usage flush interval (1 s).
+const DefaultPressureWindow = time.Second
+
+// SetWindow sets the shortest span a demand rate is measured over
+// (DefaultPressureWindow when w <= 0): the gateways' usage flush
+// interval, so that a read soon after another (woken by a flush) does not
+// overestimate a rate (a span shorter than a flush interval holds up to a
+// whole interval's flush). Call it before the first read.
+func (p *PressureSource) SetWindow(w time.Duration) {
+	if w <= 0 {
+		w = DefaultPressureWindow
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.window = w
 }
 
 // Truncated returns how many reads found a pressure hash with more fields
@@ -75,8 +108,15 @@ func (p *PressureSource) Truncated() int64 {
 // Pressure implements rebalancer.PressureSource: it reads the pressure
 // hashes of now's epoch and the one before (a gateway's flush of the last
 // second of an epoch lands after it ends), and returns every key whose
-// count grew since the last read, with demand rate = growth / time since
-// that read. A field absent at the last read of its epoch counted 0 then;
+// count grew since the last read, with demand rate = growth / max(time
+// since that read, the window). A read woken soon after another (a flush
+// with new pressure, or whose pressured key's traffic left: see
+// limiter.UsagePressureWakeKey) therefore never measures a rate over less
+// than a flush interval (a shorter span may hold a whole interval's
+// flush); it lists only the keys flushed since the last read, so until
+// the next read (an interval later) a key another gateway rejects may
+// read as unpressured: ReceiveAsk still keeps its own demand times the
+// headroom. A field absent at the last read of its epoch counted 0 then;
 // an epoch that started after the last read counted 0 at it. The first
 // call, and the first one after a read failed, only remembers the counts.
 // Fields that do not parse are skipped (limiter.CollectUsagePressure).
@@ -88,7 +128,7 @@ func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalan
 	for _, ep := range []int64{e - 1, e} {
 		marks, more, err := limiter.CollectUsagePressure(ctx, p.client, ep, p.maxKeys)
 		if err != nil && !errors.Is(err, limiter.ErrBadUsage) {
-			p.lastAt, p.last = time.Time{}, nil
+			p.last = nil
 			return nil, fmt.Errorf("%w: %w", ErrPressure, err)
 		}
 		if more {
@@ -100,16 +140,16 @@ func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalan
 		}
 		cur[ep] = m
 	}
-	lastAt, last := p.lastAt, p.last
-	p.lastAt, p.last = now, cur
-	if lastAt.IsZero() || !now.After(lastAt) {
+	base := p.last
+	p.last = &pressureSnap{at: now, counts: cur}
+	if base == nil || !now.After(base.at) {
 		return nil, nil
 	}
 	grown := map[string]int64{}
 	for ep, m := range cur {
-		before, known := last[ep]
-		if !known && rebalancer.EpochStart(ep, p.epoch).Before(lastAt) {
-			continue // the epoch ran at the last read, which did not read it
+		before, known := base.counts[ep]
+		if !known && rebalancer.EpochStart(ep, p.epoch).Before(base.at) {
+			continue // the epoch ran at the base read, which did not read it
 		}
 		for f, n := range m {
 			if d := n - before[f]; d > 0 {
@@ -117,7 +157,7 @@ func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalan
 			}
 		}
 	}
-	elapsed := now.Sub(lastAt).Milliseconds()
+	elapsed := max(now.Sub(base.at), p.window).Milliseconds()
 	out := make([]rebalancer.Pressure, 0, len(grown))
 	for f, d := range grown {
 		k, ok := splitField(f)
@@ -127,6 +167,27 @@ func (p *PressureSource) Pressure(ctx context.Context, now time.Time) ([]rebalan
 		out = append(out, rebalancer.Pressure{Key: k, DemandMilli: d * 1000 * 1000 / max(1, elapsed)})
 	}
 	return out, nil
+}
+
+// WaitPressure implements rebalancer.PressureWaker: it pops the gateways'
+// wake token (BLPOP limiter.UsagePressureWakeKey, on one of the client's
+// connections, which it holds meanwhile; Redis serves every other client)
+// and reports whether there was one within wait (rounded up to whole
+// seconds, at least one: BLPOP's resolution in the client). ctx bounds the call too when the client
+// honours contexts; else it returns within wait plus the client's read
+// timeout. An unreachable Redis is an error wrapping ErrPressure.
+func (p *PressureSource) WaitPressure(ctx context.Context, wait time.Duration) (bool, error) {
+	wait = max(time.Second, (wait+time.Second-1)/time.Second*time.Second)
+	_, err := p.client.BLPop(ctx, wait, limiter.UsagePressureWakeKey).Result()
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, redis.Nil):
+		return false, nil
+	case ctx.Err() != nil:
+		return false, ctx.Err()
+	}
+	return false, fmt.Errorf("%w: wait for the wake token: %w", ErrPressure, err)
 }
 
 // Demand implements rebalancer.PressureSource: each key's recent demand

@@ -131,3 +131,48 @@ func TestPressureSourceDemandFollowsRecentUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestPressureSourceWindow: a read soon after another (woken by a flush)
+// measures a rate over the window, not the time since that read, and
+// lists only what grew since it; a gateway's flush that marks new
+// pressure leaves the wake token, which WaitPressure pops once.
+func TestPressureSourceWindow(t *testing.T) {
+	const epoch = 10 * time.Second
+	for name, c := range clients(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			e := rebalancer.EpochOf(time.Now(), epoch)
+			t0 := rebalancer.EpochStart(e, epoch).Add(2 * time.Second)
+			gw := limiter.NewRedisUsageSink(c, 4, epoch, 3)
+			a := limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "a"}
+			ka := rebalancer.Key{PolicyID: "g", Subject: a.Key()}
+			src := redisio.NewPressureSource(c, 4, epoch, 0)
+			src.SetWindow(time.Second)
+			read := func(at time.Time) []rebalancer.Pressure {
+				t.Helper()
+				got, err := src.Pressure(ctx, at)
+				require.NoError(t, err)
+				return got
+			}
+
+			woken, err := src.WaitPressure(ctx, time.Second)
+			require.NoError(t, err)
+			assert.False(t, woken, "no flush marked anything")
+			assert.Empty(t, read(t0))
+			failed, err := gw.WriteUsage(ctx, []limiter.UsageCount{{Epoch: e, PolicyID: "g", Subject: a, Demand: 40, Admitted: 10}})
+			require.NoError(t, err)
+			require.Empty(t, failed)
+			woken, err = src.WaitPressure(ctx, time.Second)
+			require.NoError(t, err)
+			assert.True(t, woken, "the flush marked new pressure")
+			woken, err = src.WaitPressure(ctx, time.Second)
+			require.NoError(t, err)
+			assert.False(t, woken, "one token per flush, popped once")
+			// Woken 200 ms after the last read: 40 units over the 1 s
+			// window, not over 200 ms.
+			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 40_000}}, read(t0.Add(200*time.Millisecond)))
+			assert.Empty(t, read(t0.Add(400*time.Millisecond)), "nothing grew since the last read")
+		})
+	}
+}
