@@ -156,27 +156,7 @@ func (c *cluster) enforcedAt(h *hregion, k Key, t time.Time) shares.Share {
 // checkAt asserts the invariant at true time t over the write histories
 // (skew).
 func (c *cluster) checkAt(t time.Time) {
-	for _, k := range c.keys {
-		lim := c.limit(k, t)
-		if c.limitAt != nil {
-			lim2 := c.limit(k, t.Add(-c.cfg.Epoch-c.cfg.MaxWait))
-			lim.RateMilli, lim.BurstMilli = max(lim.RateMilli, lim2.RateMilli), max(lim.BurstMilli, lim2.BurstMilli)
-		}
-		var sum shares.Share
-		for _, h := range c.regs {
-			s := c.enforcedAt(h, k, t)
-			sum.RateMilli += s.RateMilli
-			sum.BurstMilli += s.BurstMilli
-		}
-		if sum.RateMilli > lim.RateMilli || sum.BurstMilli > lim.BurstMilli {
-			var parts []string
-			for _, h := range c.regs {
-				parts = append(parts, fmt.Sprintf("%s(clock +%v)=%+v", h.name, h.offset, c.enforcedAt(h, k, t)))
-			}
-			c.t.Fatalf("at true time %v (epoch %d) key %v: enforced sum %+v exceeds limit %+v: %v",
-				t, EpochOf(t, c.cfg.Epoch), k, sum, lim, parts)
-		}
-	}
+	c.checkSum(t, c.enforcedAt, func(h *hregion) string { return fmt.Sprintf("%s(clock +%v)", h.name, h.offset) }, "at true time")
 }
 
 // checkSkewed checks at true time t and at every later instant of a write
@@ -314,6 +294,13 @@ func (c *cluster) apply(h *hregion, now time.Time, ups []Update) {
 // check asserts the safety invariant at t: for every key, the shares
 // enforced by all regions together are within L and B.
 func (c *cluster) check(t time.Time) {
+	c.checkSum(t, c.enforced, func(h *hregion) string { return h.name }, "at")
+}
+
+// checkSum asserts that the shares enforced at t (as enforced reads them)
+// of every key sum to within its L and B, naming each region's part with
+// name in the failure.
+func (c *cluster) checkSum(t time.Time, enforced func(h *hregion, k Key, t time.Time) shares.Share, name func(h *hregion) string, at string) {
 	for _, k := range c.keys {
 		lim := c.limit(k, t)
 		if c.limitAt != nil {
@@ -324,17 +311,17 @@ func (c *cluster) check(t time.Time) {
 		}
 		var sum shares.Share
 		for _, h := range c.regs {
-			s := c.enforced(h, k, t)
+			s := enforced(h, k, t)
 			sum.RateMilli += s.RateMilli
 			sum.BurstMilli += s.BurstMilli
 		}
 		if sum.RateMilli > lim.RateMilli || sum.BurstMilli > lim.BurstMilli {
 			var parts []string
 			for _, h := range c.regs {
-				parts = append(parts, fmt.Sprintf("%s=%+v", h.name, c.enforced(h, k, t)))
+				parts = append(parts, fmt.Sprintf("%s=%+v", name(h), enforced(h, k, t)))
 			}
-			c.t.Fatalf("at %v (epoch %d) key %v: enforced sum %+v exceeds limit %+v: %v",
-				t, EpochOf(t, c.cfg.Epoch), k, sum, lim, parts)
+			c.t.Fatalf("%s %v (epoch %d) key %v: enforced sum %+v exceeds limit %+v: %v",
+				at, t, EpochOf(t, c.cfg.Epoch), k, sum, lim, parts)
 		}
 	}
 }
