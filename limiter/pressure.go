@@ -153,7 +153,12 @@ func (s *RedisUsageSink) markPressure(ctx context.Context, pipe redis.Pipeliner,
 		}
 	}
 	if s.marks.changed(time.Now(), fields, used) {
-		wake(ctx, pipe) // after the marks (one node, in order)
+		// After the marks in the pipeline: a standalone Redis runs them in
+		// order, so the coordinator the token wakes finds them. On a
+		// cluster the token's slot (qp:wake) and the marks' (qp:{E}) may be
+		// on different nodes, which answer in any order; a wake-up that
+		// reads before the marks land finds them at the next interval.
+		wake(ctx, pipe)
 	}
 }
 
