@@ -115,13 +115,13 @@ func (f *UsageFlusher) idle(ctx context.Context) {
 const DefaultPressureMaxKeys = 1024
 
 // markPressure queues on pipe the pressure marks of counts (see
-// UsagePressureKey).
-func (s *RedisUsageSink) markPressure(ctx context.Context, pipe redis.Pipeliner, counts []UsageCount) {
+// UsagePressureKey); fields[i] is counts[i]'s "<policy>:<subject key>".
+func (s *RedisUsageSink) markPressure(ctx context.Context, pipe redis.Pipeliner, counts []UsageCount, fields []string) {
 	var marked []int
 	used := make(map[string]bool, len(counts))
 	for i, c := range counts {
 		if c.Demand > 0 {
-			used[c.PolicyID+":"+c.Subject.Key()] = true
+			used[fields[i]] = true
 		}
 		if c.Demand > c.Admitted {
 			marked = append(marked, i)
@@ -140,19 +140,18 @@ func (s *RedisUsageSink) markPressure(ctx context.Context, pipe redis.Pipeliner,
 		marked = marked[:DefaultPressureMaxKeys]
 	}
 	expired := map[int64]bool{}
-	fields := make(map[string]bool, len(marked))
+	markedFields := make(map[string]bool, len(marked))
 	for _, i := range marked {
 		c := counts[i]
 		key := UsagePressureKey(c.Epoch)
-		field := c.PolicyID + ":" + c.Subject.Key()
-		fields[field] = true
-		pipe.HIncrBy(ctx, key, field, c.Demand)
+		markedFields[fields[i]] = true
+		pipe.HIncrBy(ctx, key, fields[i], c.Demand)
 		if !expired[c.Epoch] {
 			expired[c.Epoch] = true
 			pipe.PExpireAt(ctx, key, time.UnixMilli((c.Epoch+1+s.ttlEpochs)*s.epochMs))
 		}
 	}
-	if s.marks.changed(time.Now(), fields, used) {
+	if s.marks.changed(time.Now(), markedFields, used) {
 		// After the marks in the pipeline: a standalone Redis runs them in
 		// order, so the coordinator the token wakes finds them. On a
 		// cluster the token's slot (qp:wake) and the marks' (qp:{E}) may be

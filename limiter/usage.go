@@ -532,11 +532,18 @@ func (s *RedisUsageSink) WriteUsage(ctx context.Context, counts []UsageCount) ([
 	// The pressure marks ride in the same pipeline: no extra round trip.
 	// Their failures are not retried (a mark is a hint for the next
 	// second, see UsagePressureKey).
-	s.markPressure(ctx, pipe, counts)
+	// Each count's subject key and field, built once for the marks and
+	// the counts.
+	sks, fields := make([]string, len(counts)), make([]string, len(counts))
 	for i, c := range counts {
-		sk := c.Subject.Key()
+		sks[i] = c.Subject.Key()
+		fields[i] = c.PolicyID + ":" + sks[i]
+	}
+	s.markPressure(ctx, pipe, counts, fields)
+	for i, c := range counts {
+		sk := sks[i]
 		sh := usageShard(c.PolicyID, sk, s.shards)
-		it := pending{count: c, field: c.PolicyID + ":" + sk}
+		it := pending{count: c, field: fields[i]}
 		var key, dField, aField string
 		switch {
 		case s.split:
