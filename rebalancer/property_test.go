@@ -103,6 +103,8 @@ func randScenario(r *rand.Rand) scenario {
 		SpreadPermille:   r.Int64N(1001),
 		DampingPermille:  1 + r.Int64N(1000),
 		HeadroomPermille: 1000 + r.Int64N(3000),
+		// Pure max-min, a blend, or pure proportion when over the limit.
+		ProportionalPermille: []int64{0, r.Int64N(1001), 1000}[r.IntN(3)],
 	}
 	s.pol = PolicyMap{}
 	for p := 0; p < 1+r.IntN(3); p++ {

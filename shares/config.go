@@ -33,11 +33,24 @@ type Config struct {
 	// beyond that stays unallocated, and it bounds what a region keeps at
 	// collection (Config.Keep). 1000..100000; 0 means the default, 1250.
 	HeadroomPermille int64
+	// ProportionalPermille is, when the regions' demand above their floors
+	// exceeds what there is to share (the key is over its limit), the part
+	// of that amount split in proportion to each region's demand instead of
+	// water-filled (max-min fair), in permille. 0..1000; default 300; 0 is
+	// pure max-min. Max-min gives the smaller regions exactly their
+	// smoothed demand, so their buckets run critically loaded and lose
+	// tokens to the randomness of arrivals (a region of a few requests per
+	// second leaves a second's tokens unused as often as it runs out), while
+	// the ideal global limiter admits every region's requests in proportion
+	// to their arrivals. Measured on the standard suite (README, "Share
+	// algorithm"): 300 lowers the worst under-service of the skewed,
+	// many-key and low-rate scenarios and costs the flash crowds a little.
+	ProportionalPermille int64
 }
 
 // DefaultConfig returns the default tuning.
 func DefaultConfig() Config {
-	return Config{FloorPermille: 15, ReservePermille: 0, SpreadPermille: 250, DampingPermille: 1000, HeadroomPermille: 1250}
+	return Config{FloorPermille: 15, ReservePermille: 0, SpreadPermille: 250, DampingPermille: 1000, HeadroomPermille: 1250, ProportionalPermille: 300}
 }
 
 // Validate fills DampingPermille and HeadroomPermille when they are zero
@@ -61,6 +74,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: DampingPermille %d not in 1..1000", ErrConfig, c.DampingPermille)
 	case c.HeadroomPermille < 1000 || c.HeadroomPermille > 100_000:
 		return fmt.Errorf("%w: HeadroomPermille %d not in 1000..100000", ErrConfig, c.HeadroomPermille)
+	case c.ProportionalPermille < 0 || c.ProportionalPermille > 1000:
+		return fmt.Errorf("%w: ProportionalPermille %d not in 0..1000", ErrConfig, c.ProportionalPermille)
 	}
 	return nil
 }

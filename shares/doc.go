@@ -40,6 +40,13 @@
 //     the largest level λ with Σ min(d_i - f, λ) <= rest; each region gets
 //     min(d_i - f, λ). Equal demands get equal amounts, so no tie-breaking is
 //     needed and the result does not depend on the order of the regions.
+//     When the key is over its limit (Σ (d_i - f) > rest), only
+//     1 - ProportionalPermille of that is water-filled: the other part is
+//     split in proportion to d_i - f, each part floored. Both parts are at
+//     most d_i - f, so no region gets more than its demand and the sum
+//     stays within rest. Max-min alone gives the smaller regions exactly
+//     their demand, where random arrivals waste tokens; the ideal global
+//     limiter serves every region in proportion to its arrivals.
 //
 //  4. What is left when every demand is met is split: SpreadPermille of it
 //     equally, the rest in proportion to what each region got so far, both

@@ -345,6 +345,24 @@ func (c Config) fill(total, floor int64, demand, out []int64) {
 		}
 		rem -= level * cnt
 	}
+	// Over-subscribed (the demand above the floors exceeds what is left):
+	// ProportionalPermille of the amount is split in proportion to the
+	// excess demand instead of water-filled. Each part is at most the
+	// region's excess (rem0 < ex), so no region gets more than its demand
+	// and the sum stays within total; the rounding dust is spread below.
+	if p := c.ProportionalPermille; p > 0 {
+		var ex int64
+		for i := range demand {
+			ex += excess[i]
+		}
+		if rem0 := total - floor*n; ex > rem0 {
+			rem = rem0
+			for i := range demand {
+				given[i] = mulDiv(given[i], 1000-p, 1000) + mulDiv(mulDiv(rem0, excess[i], ex), p, 1000)
+				rem -= given[i]
+			}
+		}
+	}
 	// rem is now the leftover: every demand is met (or rounding dust).
 	var sum int64
 	for i := range demand {

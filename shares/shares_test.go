@@ -49,6 +49,7 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.FloorPermille = 1001 }, "FloorPermille"},
 		{func(c *Config) { c.ReservePermille = 501 }, "ReservePermille"},
 		{func(c *Config) { c.SpreadPermille = -1 }, "SpreadPermille"},
+		{func(c *Config) { c.ProportionalPermille = 1001 }, "ProportionalPermille"},
 		{func(c *Config) { c.DampingPermille = 1001 }, "DampingPermille"},
 		{func(c *Config) { c.HeadroomPermille = 999 }, "HeadroomPermille"},
 	} {
@@ -114,8 +115,27 @@ func TestTargetsTable(t *testing.T) {
 		},
 		{
 			name: "max-min fair: the small demand is met, the big ones share the rest",
+			cfg:  func(c *Config) { c.ProportionalPermille = 0 },
 			in:   []RegionInput{{DemandMilli: 50_000}, {DemandMilli: 500_000}, {DemandMilli: 500_000}},
 			want: []Share{{50_000, 100_000}, {125_000, 250_000}, {125_000, 250_000}},
+		},
+		{
+			name: "over the limit, the default blend: 70% water-filled, 30% in proportion to demand",
+			// Floors 10k; 270k to share; demand capped at L, so excess 40k,
+			// 290k, 290k (620k). Water-filled: 40k, 115k, 115k; in
+			// proportion: 270k*40/620 = 17,419 and 270k*290/620 = 126,290.
+			// 0.7*40k + 0.3*17,419 = 28,000 + 5,225; 0.7*115k + 0.3*126,290
+			// = 80,500 + 37,887. The burst is the same at twice the scale
+			// (rounded on its own). The small region gets less than its
+			// demand: it runs over its share as the others do.
+			in:   []RegionInput{{DemandMilli: 50_000}, {DemandMilli: 500_000}, {DemandMilli: 500_000}},
+			want: []Share{{10_000 + 33_225, 20_000 + 66_451}, {10_000 + 118_387, 20_000 + 236_774}, {10_000 + 118_387, 20_000 + 236_774}},
+		},
+		{
+			name: "over the limit, pure proportion",
+			cfg:  func(c *Config) { c.ProportionalPermille = 1000 },
+			in:   []RegionInput{{DemandMilli: 50_000}, {DemandMilli: 500_000}, {DemandMilli: 500_000}},
+			want: []Share{{10_000 + 17_419, 20_000 + 34_838}, {10_000 + 126_290, 20_000 + 252_580}, {10_000 + 126_290, 20_000 + 252_580}},
 		},
 		{
 			name: "leftover: a quarter equally, the rest in proportion",
@@ -389,12 +409,28 @@ func refTargets(c Config, lim Limit, in []RegionInput) []Share {
 			}
 		}
 		given := make([]int64, len(idx))
-		var sum int64
+		var ex int64
 		for k := range idx {
 			given[k] = min(excess[k], lo)
-			sum += floor + given[k]
+			ex += excess[k]
 		}
 		left := rest - sumAt(lo)
+		if c.ProportionalPermille > 0 && ex > rest {
+			// Over-subscribed: the blend of water-filling and the split in
+			// proportion to the excess demand.
+			left = rest
+			for k := range idx {
+				prop := new(big.Int).Quo(new(big.Int).Mul(big.NewInt(rest), big.NewInt(excess[k])), big.NewInt(ex))
+				prop.Quo(prop.Mul(prop, big.NewInt(c.ProportionalPermille)), big.NewInt(1000))
+				mm := new(big.Int).Quo(new(big.Int).Mul(big.NewInt(given[k]), big.NewInt(1000-c.ProportionalPermille)), big.NewInt(1000))
+				given[k] = mm.Int64() + prop.Int64()
+				left -= given[k]
+			}
+		}
+		var sum int64
+		for k := range idx {
+			sum += floor + given[k]
+		}
 		for k, i := range idx {
 			a := floor + given[k]
 			// The headroom cap: max(default, demand*H), demand as above.
@@ -456,6 +492,8 @@ func randConfig(r *rand.Rand) Config {
 		ReservePermille: r.Int64N(3) * r.Int64N(501) / 2,
 		SpreadPermille:  r.Int64N(1001),
 		DampingPermille: 1 + r.Int64N(1000),
+		// A third of the time pure max-min.
+		ProportionalPermille: []int64{0, r.Int64N(1001), 1000}[r.IntN(3)],
 		// Half the time no cap in practice.
 		HeadroomPermille: []int64{1000 + r.Int64N(3000), 100_000}[r.IntN(2)],
 	}
