@@ -248,16 +248,13 @@ func runHeardInto(t testing.TB, out **cluster, s scenario, cuts []linkCut, seed 
 }
 
 // heardCases is how many scenarios each property test plays: 3000, a
-// fifth in a race build (make test plays them all again without the race
-// detector), 300 with -short.
+// twentieth in a race build (make test plays them all again without the
+// race detector), 300 with -short.
 func heardCases() int {
-	switch {
-	case testing.Short():
+	if testing.Short() {
 		return 300
-	case raceBuild:
-		return 600
 	}
-	return 3000
+	return raceCases(3000)
 }
 
 // TestMajorityRuleKeepsSumWithinLimit plays thousands of random cut

@@ -218,15 +218,21 @@ func (s scenario) run(t testing.TB, r *rand.Rand) *cluster {
 	return c
 }
 
+// raceCases is n, or a twentieth of it (at least 1) in a race build (see
+// race_test.go).
+func raceCases(n int) int {
+	if raceBuild {
+		return max(1, n/20)
+	}
+	return n
+}
+
 // TestSafetyUnderChaos: thousands of random scenarios (regions, limits,
 // tuning, demand, loss, duplication, delay, reordering, partitions, crashes
 // and restarts): the shares enforced by all regions never sum above L or B,
 // and every decision's mode matches the naive reference.
 func TestSafetyUnderChaos(t *testing.T) {
-	cases := 2000 // a fifth in a race build (see raceBuild)
-	if raceBuild {
-		cases /= 5
-	}
+	cases := raceCases(2000)
 	if testing.Short() {
 		cases = 200
 	}
@@ -294,10 +300,7 @@ func TestSafetyUnderChaos(t *testing.T) {
 // several times: every decision and every published report is the same.
 func TestOrderAndDuplicatesChangeNothing(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
-	cases := 300 // a fifth in a race build (see raceBuild)
-	if raceBuild {
-		cases /= 5
-	}
+	cases := raceCases(300)
 	for i := 0; i < cases; i++ {
 		seed := r.Uint64()
 		s := randScenario(rand.New(rand.NewPCG(seed, 1)))

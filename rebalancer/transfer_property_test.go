@@ -217,10 +217,7 @@ func randTransfers(r *rand.Rand) *xferNet {
 // all regions never sum above L or B, checked after every write, and
 // every decision's mode matches the naive reference.
 func TestTransfersSafetyUnderChaos(t *testing.T) {
-	cases := 1500 // a fifth in a race build (see raceBuild)
-	if raceBuild {
-		cases = 300
-	}
+	cases := raceCases(1500)
 	if testing.Short() {
 		cases = 150
 	}
