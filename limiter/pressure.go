@@ -65,8 +65,16 @@ type pressureMarks struct {
 	last map[string]bool
 }
 
-// changed records marked as the last flush's marks (used: every field the
-// flush had usage for) and reports whether the region's pressure changed
+// lastMarks returns the last flush's marks. The map is never changed
+// after it is stored (changed replaces it), so the caller may read it.
+func (m *pressureMarks) lastMarks() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.last
+}
+
+// changed records marked as the last flush's marks (used: the fields the
+// flush had usage for, at least those of the last marks) and reports whether the region's pressure changed
 // (see UsagePressureWakeKey).
 func (m *pressureMarks) changed(now time.Time, marked, used map[string]bool) bool {
 	m.mu.Lock()
@@ -118,9 +126,13 @@ const DefaultPressureMaxKeys = 1024
 // UsagePressureKey); fields[i] is counts[i]'s "<policy>:<subject key>".
 func (s *RedisUsageSink) markPressure(ctx context.Context, pipe redis.Pipeliner, counts []UsageCount, fields []string) {
 	var marked []int
-	used := make(map[string]bool, len(counts))
+	// used: which of the last flush's marks (at most
+	// DefaultPressureMaxKeys) still have traffic; a map of every field
+	// would cost a map of the whole flush per second.
+	last := s.marks.lastMarks()
+	used := make(map[string]bool, len(last))
 	for i, c := range counts {
-		if c.Demand > 0 {
+		if c.Demand > 0 && last[fields[i]] {
 			used[fields[i]] = true
 		}
 		if c.Demand > c.Admitted {
