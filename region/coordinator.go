@@ -430,7 +430,8 @@ func (c *Coordinator) GossipAddr() string {
 	return c.member.Addr()
 }
 
-// Leading reports whether this replica runs the epoch loop now.
+// Leading reports whether this replica runs the epoch loop now (with
+// Parts > 1: the epoch loop of at least one part; see Parts).
 func (c *Coordinator) Leading() bool { return c.leading.Load() }
 
 // Registry returns the coordinator's metric registry.
@@ -438,6 +439,7 @@ func (c *Coordinator) Registry() *prometheus.Registry { return c.registry }
 
 // Status returns the epoch loop's status: the current (or last) term's;
 // the zero Status before this replica first led.
+// With Parts > 1 it is always the zero Status: see Parts.
 func (c *Coordinator) Status() rebalancer.Status {
 	if d := c.driver.Load(); d != nil {
 		return d.Status()

@@ -470,3 +470,32 @@ func TestPartsTakeover(t *testing.T) {
 	}
 	t.Logf("%d reports of eu, per part %v; %d sum checks", len(reports), perPart, checks)
 }
+
+// TestPartsConfig: New refuses a part count that does not divide the
+// usage shards, parts with the split usage layout, static parts with
+// gossip or without parts, and static parts out of range or repeated.
+func TestPartsConfig(t *testing.T) {
+	base := func() region.Config {
+		cfg := region.DefaultConfig()
+		cfg.Region, cfg.Regions = "eu", []string{"eu", "us"}
+		cfg.RedisAddrs, cfg.KafkaBrokers, cfg.Listen, cfg.Policies = []string{"127.0.0.1:1"}, []string{"127.0.0.1:1"}, "127.0.0.1:0", partsPolicies(t)
+		cfg.Parts, cfg.UsageShards = 4, 64
+		return cfg
+	}
+	g := membership.DefaultConfig("eu-a")
+	for name, mutate := range map[string]func(*region.Config){
+		"shards not a multiple": func(c *region.Config) { c.UsageShards = 66 },
+		"default shards, 3":     func(c *region.Config) { c.UsageShards, c.Parts = 0, 3 },
+		"split shards":          func(c *region.Config) { c.UsageSplitShards = 16 },
+		"static with gossip":    func(c *region.Config) { c.StaticParts, c.Gossip = []int{0}, &g },
+		"static without parts":  func(c *region.Config) { c.Parts, c.StaticParts = 1, []int{0} },
+		"static out of range":   func(c *region.Config) { c.StaticParts = []int{4} },
+		"static repeated":       func(c *region.Config) { c.StaticParts = []int{1, 1} },
+		"negative":              func(c *region.Config) { c.Parts = -1 },
+	} {
+		cfg := base()
+		mutate(&cfg)
+		_, err := region.New(cfg)
+		assert.ErrorIs(t, err, region.ErrConfig, name)
+	}
+}
