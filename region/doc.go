@@ -81,11 +81,11 @@
 //
 // What P > 1 does not do (yet): transfers between decisions are off (the
 // pressure marks and asks are not routed by part; shares move at epoch
-// decisions only, which is always safe); each part's consumer reads the
-// whole usage topic and skips the other parts' reports, so a replica that
-// runs k parts reads and decodes every report k times (the messages are
-// keyed by region and part, so a part's reports stay ordered in one Kafka
-// partition, but a consumer does not yet select partitions); a first
+// decisions only, which is always safe); each part's consumer fetches
+// the whole usage topic and skips the other parts' messages by their key
+// ("<region>/<part>") without decoding them, so a replica that runs k
+// parts fetches every message k times (a part's messages stay ordered in
+// one Kafka partition, but a consumer does not yet select partitions); a first
 // start looks for any report of the region, of any part, so a part that
 // finds another part's report warms up (safe, slower); the metrics of
 // the epoch loop (keys, epoch durations, decisions) are the sum or the

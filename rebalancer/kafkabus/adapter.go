@@ -1,6 +1,7 @@
 package kafkabus
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -178,8 +179,9 @@ func NewAdapter(bus *Bus, epoch time.Duration, now func() time.Time) (*Adapter, 
 // delivers only the reports of key part part, skipping the other parts'
 // (AdapterStats.OtherPart) and rejecting those whose key_parts differs
 // (ErrPartsMismatch; a report without key_parts is of part 0 of 1). Each
-// part's adapter reads the whole topic: a replica running k parts
-// consumes and decodes every report k times.
+// part's adapter reads the whole topic, but decodes only the messages
+// keyed with its own part (or with no part): a replica running k parts
+// fetches every message k times and decodes each of its parts' once.
 func NewPartAdapter(bus *Bus, epoch time.Duration, now func() time.Time, part, parts int) (*Adapter, error) {
 	if parts < 1 || parts > maxKeyParts || part < 0 || part >= parts {
 		return nil, fmt.Errorf("%w: adapter: part %d of %d, want 0 <= part < parts <= %d", ErrConfig, part, parts, maxKeyParts)
@@ -219,7 +221,11 @@ func (a *Adapter) Receive(ctx context.Context) (*rebalancer.Report, error) {
 // Run consumes with Bus.Run until ctx ends or the consumer fails, and
 // returns Bus.Run's error (ctx.Err() on cancellation).
 func (a *Adapter) Run(ctx context.Context) error {
-	return a.bus.Run(ctx, func(p *quotientv1.UsageReport) {
+	var keep func([]byte) bool
+	if a.parts > 1 {
+		keep = a.keepKey
+	}
+	return a.bus.RunKeys(ctx, keep, func(p *quotientv1.UsageReport) {
 		if parts := max(1, p.GetKeyParts()); parts != a.parts {
 			a.mismatch.Add(1)
 			reject(&a.rejected, a.OnReject, fmt.Errorf("%w: region %q epoch %d: key parts %d, this coordinator uses %d", ErrPartsMismatch, p.GetRegion(), p.GetEpoch(), parts, a.parts))
@@ -240,6 +246,27 @@ func (a *Adapter) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	})
+}
+
+// keepKey reports whether a part adapter decodes the message with Kafka
+// key key: unless the key ends in "/<digits>" of another part than its
+// own (the messages of another key part, skipped undecoded; Bus.RunKeys).
+// Keys without a part (senders without parts, or anything else) are
+// decoded, so that a report of another part count is still seen and
+// refused.
+func (a *Adapter) keepKey(key []byte) bool {
+	i := bytes.LastIndexByte(key, '/')
+	if i < 0 || i == len(key)-1 {
+		return true
+	}
+	n := 0
+	for _, c := range key[i+1:] {
+		if c < '0' || c > '9' || n > maxKeyParts {
+			return true
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n == int(a.part)
 }
 
 // Stats returns the adapter's counters.

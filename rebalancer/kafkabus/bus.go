@@ -174,6 +174,7 @@ type Stats struct {
 	PublishedReports int64 // reports Publish sent
 	PublishedParts   int64 // messages Publish sent
 	ConsumedParts    int64 // messages Run read
+	SkippedParts     int64 // messages RunKeys skipped undecoded (another key part's)
 	DeliveredReports int64 // whole reports Run delivered
 	Duplicates       int64 // parts dropped as duplicates of held or recently delivered ones
 	Malformed        int64 // messages that did not decode or were not valid parts
@@ -184,7 +185,7 @@ type Stats struct {
 
 type counters struct {
 	publishedReports, publishedParts, consumedParts, deliveredReports atomic.Int64
-	duplicates, malformed, evicted, missingTopics                     atomic.Int64
+	duplicates, malformed, evicted, missingTopics, skippedParts       atomic.Int64
 }
 
 // Bus publishes this region's usage reports and consumes every region's.
@@ -226,6 +227,7 @@ func (b *Bus) Stats() Stats {
 		ConsumedParts: s.consumedParts.Load(), DeliveredReports: s.deliveredReports.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Evicted: s.evicted.Load(),
 		MissingTopics: s.missingTopics.Load(), PrepareErrors: b.producer.prepareErrors.Load(),
+		SkippedParts: s.skippedParts.Load(),
 	}
 }
 
