@@ -158,8 +158,8 @@ type Config struct {
 	// highest rendezvous hash (membership.OwnerOf) and the daily-quota
 	// replication runs on the leader; without it, this replica runs
 	// StaticParts. UsageShards must be a multiple of Parts, and Parts > 1
-	// needs UsageSplitShards 0 and turns transfers between decisions off
-	// (see the package doc). Default 1: one part, the whole key space,
+	// needs UsageSplitShards 0 (see the package doc). Default 1: one
+	// part, the whole key space,
 	// exactly the protocol and wire format without parts.
 	Parts int
 	// StaticParts, with Parts > 1 and without Gossip, are the parts this

@@ -105,11 +105,6 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	rcfg := rebalancer.DefaultConfig()
 	rcfg.Region, rcfg.Regions, rcfg.Epoch, rcfg.MaxWait = cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait
-	if cfg.Parts > 1 && !cfg.NoTransfers {
-		// Transfers are not routed by part (package doc, "Parts").
-		log.Warn("region: transfers between decisions are off with parts > 1; shares move at epoch decisions", "parts", cfg.Parts)
-		cfg.NoTransfers = true
-	}
 	rcfg.Transfers = !cfg.NoTransfers
 	// A key is asked for at most once per pressure read: the reads are
 	// what shows the need again (scaled with the epoch in the simulator's
@@ -283,6 +278,9 @@ func (c *Coordinator) newDriver(part int) (*rebalancer.Driver, *kafkabus.Adapter
 		// interval by default), however often the wake-ups come.
 		ps.SetWindow(c.cfg.PressureInterval)
 		tbus, pressure = tadapter, ps
+		if c.parts > 1 {
+			tbus, pressure = partTransfers{tadapter, part, c.parts}, partPressure{ps, part, c.parts}
+		}
 	}
 	d, err := rebalancer.NewDriver(core, rebalancer.DriverConfig{
 		Usage:        c.usage[part],
@@ -324,6 +322,57 @@ func (r partRecords) Records(ctx context.Context) ([]rebalancer.ShareRecord, err
 		}
 	}
 	return out, nil
+}
+
+// partTransfers is the transfer bus of one key part: it hands the part's
+// driver only the keys of its part of each ask and give, and drops a
+// message with none (another part's: every part's driver reads every
+// message, and each takes its own keys; a give's giver lowered and wrote
+// every key before sending it, so a part that raises only its own keys
+// raises nothing another part would not).
+type partTransfers struct {
+	rebalancer.TransferBus
+	part, parts int
+}
+
+func (t partTransfers) mine(k rebalancer.Key) bool {
+	return limiter.UsagePart(k.PolicyID, k.Subject, t.parts) == t.part
+}
+
+func (t partTransfers) ReceiveTransfer(ctx context.Context) (*rebalancer.Ask, *rebalancer.Give, error) {
+	for {
+		ask, give, err := t.TransferBus.ReceiveTransfer(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ask != nil {
+			ask.Keys = slices.DeleteFunc(ask.Keys, func(k rebalancer.AskKey) bool { return !t.mine(k.Key) })
+			if len(ask.Keys) > 0 {
+				return ask, nil, nil
+			}
+		}
+		if give != nil {
+			give.Keys = slices.DeleteFunc(give.Keys, func(k rebalancer.GiveKey) bool { return !t.mine(k.Key) })
+			if len(give.Keys) > 0 {
+				return nil, give, nil
+			}
+		}
+	}
+}
+
+// partPressure is the pressure source of one key part: the marks of its
+// keys only (each part's driver reads every mark; a replica running k
+// parts reads them k times). WaitPressure is the source's.
+type partPressure struct {
+	*redisio.PressureSource
+	part, parts int
+}
+
+func (p partPressure) Pressure(ctx context.Context, now time.Time) ([]rebalancer.Pressure, error) {
+	out, err := p.PressureSource.Pressure(ctx, now)
+	return slices.DeleteFunc(out, func(x rebalancer.Pressure) bool {
+		return limiter.UsagePart(x.PolicyID, x.Subject, p.parts) != p.part
+	}), err
 }
 
 // fenceOf is the region's fence (of one part) as this replica claims it.
@@ -673,7 +722,7 @@ func (c *Coordinator) runParts(ctx context.Context) {
 // of the part: rebalancer.ErrFenced, retried by the caller while this
 // replica still owns the part) or cannot read the fence.
 func (c *Coordinator) runPart(ctx context.Context, p int) error {
-	d, adapter, _, err := c.newDriver(p)
+	d, adapter, tadapter, err := c.newDriver(p)
 	if err != nil {
 		return err
 	}
@@ -692,6 +741,9 @@ func (c *Coordinator) runPart(ctx context.Context, p int) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { c.retry(ctx, "kafka consumer of part "+strconv.Itoa(p), adapter.Run) })
+	if tadapter != nil {
+		wg.Go(func() { c.retry(ctx, "transfer consumer of part "+strconv.Itoa(p), tadapter.Run) })
+	}
 	err = d.Run(ctx)
 	cancel()
 	wg.Wait()

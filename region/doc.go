@@ -79,9 +79,16 @@
 // replication stays on the leader (the smallest live name). Without
 // Gossip a replica runs Config.StaticParts (all by default).
 //
-// What P > 1 does not do (yet): transfers between decisions are off (the
-// pressure marks and asks are not routed by part; shares move at epoch
-// decisions only, which is always safe); each part's consumer fetches
+// Transfers between decisions run per part too: each part's driver reads
+// the pressure marks and keeps its part's keys, and takes only its part's
+// keys of every ask and give (a message with none is dropped); a give's
+// giver lowered and wrote every key before sending it, so a part raises
+// only what was given for its own keys.
+//
+// What P > 1 does not do (yet): each part's driver reads every pressure
+// mark and every transfer message and keeps its own (a replica running k
+// parts reads them k times), and the gateways' wake token wakes one of
+// them (the others read at their interval); each part's consumer fetches
 // the whole usage topic and skips the other parts' messages by their key
 // ("<region>/<part>") without decoding them, so a replica that runs k
 // parts fetches every message k times (a part's messages stay ordered in
