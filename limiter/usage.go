@@ -727,6 +727,27 @@ type UsageLayout struct {
 	// for one release so that gateways and coordinators can be upgraded
 	// in any order.
 	SplitShards int
+	// Parts and Part, with Parts > 1, restrict a collection to one part of
+	// the key space (a coordinator replica's; see UsagePart): only the
+	// packed hashes S with S mod Parts == Part are read, which hold
+	// exactly the keys of that part when Shards is a multiple of Parts.
+	// Parts > 1 requires SplitShards 0 (the split layout hashes keys
+	// differently) and Shards a multiple of Parts; CollectUsageRead
+	// refuses other combinations. Default 0: the whole key space.
+	Parts, Part int
+}
+
+// UsagePart is the part, in [0, parts), of a (policy, subject key) pair
+// when a region's coordinator replicas split the key space into parts
+// parts: its packed usage shard modulo parts, the same in every gateway,
+// coordinator and region. With any shard count that is a multiple of
+// parts, a key's part does not depend on the shard count (the shard is
+// the key's hash modulo the shard count). 0 when parts <= 1.
+func UsagePart(policy, subjectKey string, parts int) int {
+	if parts <= 1 {
+		return 0
+	}
+	return usageShard(policy, subjectKey, parts)
 }
 
 // CollectUsageTotals is CollectUsage without decoding subjects or
@@ -780,10 +801,15 @@ func CollectUsageRead(ctx context.Context, client redis.UniversalClient, epoch i
 	if layout.Shards <= 0 {
 		layout.Shards = DefaultUsageShards
 	}
-	keys := make([]string, 0, layout.Shards+max(0, layout.SplitShards))
-	for s := range layout.Shards {
+	parts := max(1, layout.Parts)
+	if parts > 1 && (layout.Shards%parts != 0 || layout.SplitShards > 0 || layout.Part < 0 || layout.Part >= parts) {
+		return UsageRead{}, fmt.Errorf("limiter: usage layout: part %d of %d with %d shards and %d split shards: want 0 <= part < parts, shards a multiple of parts, no split shards", layout.Part, parts, layout.Shards, layout.SplitShards)
+	}
+	keys := make([]string, 0, layout.Shards/parts+max(0, layout.SplitShards))
+	for s := max(0, layout.Part) % parts; s < layout.Shards; s += parts {
 		keys = append(keys, UsageKey(epoch, s))
 	}
+	packed := len(keys)
 	for s := range max(0, layout.SplitShards) {
 		keys = append(keys, SplitUsageKey(epoch, s))
 	}
@@ -797,7 +823,7 @@ func CollectUsageRead(ctx context.Context, client redis.UniversalClient, epoch i
 		if paged || len(fields)/2 > usageListpackEntries {
 			big = append(big, keys[i])
 		}
-		if i < layout.Shards {
+		if i < packed {
 			c.out = c.collect(c.out, fields, paged, false)
 		} else {
 			split = c.collect(split, fields, paged, true)

@@ -148,6 +148,26 @@ type Config struct {
 	// nil: a single replica, which always leads (it claims epochs too, so
 	// a restart resumes where it stopped).
 	Gossip *membership.Config
+	// Parts splits the key space into Parts parts (issue 15), a
+	// fleet-wide constant (every region and replica the same): a key's
+	// part is limiter.UsagePart of it, and each part is an independent
+	// instance of the protocol, with its own Core, epoch fence
+	// (membership.NewPartFence) and reports (marked with their part on
+	// the wire; a report of another Parts is refused and counted). With
+	// Gossip, each live replica runs the parts for which it has the
+	// highest rendezvous hash (membership.OwnerOf) and the daily-quota
+	// replication runs on the leader; without it, this replica runs
+	// StaticParts. UsageShards must be a multiple of Parts, and Parts > 1
+	// needs UsageSplitShards 0 (see the package doc). Default 1: one
+	// part, the whole key space,
+	// exactly the protocol and wire format without parts.
+	Parts int
+	// StaticParts, with Parts > 1 and without Gossip, are the parts this
+	// replica runs (each in [0, Parts), once); the operator runs every
+	// part on exactly one replica. It runs the daily-quota replication
+	// when it runs part 0. Default nil: every part. Not allowed with
+	// Gossip (ownership follows the membership).
+	StaticParts []int
 	// LeaveTimeout bounds the announcement that this replica leaves the
 	// gossip cluster at shutdown, so another takes over at once. Default
 	// 2 s; negative: stop gossip without a goodbye, as a crash would (for
@@ -242,8 +262,42 @@ func (c *Config) validate() error {
 	case c.Gossip != nil && c.Gossip.Name == "":
 		return fmt.Errorf("%w: Gossip.Name is empty: each replica needs a unique name", ErrConfig)
 	}
+	return c.validateParts()
+}
+
+// validateParts fills Parts' default and checks Parts and StaticParts.
+func (c *Config) validateParts() error {
+	if c.Parts == 0 {
+		c.Parts = 1
+	}
+	shards := c.UsageShards
+	if shards == 0 {
+		shards = limiter.DefaultUsageShards
+	}
+	switch {
+	case c.Parts < 0 || c.Parts > maxParts:
+		return fmt.Errorf("%w: Parts %d not in [1, %d]", ErrConfig, c.Parts, maxParts)
+	case shards%c.Parts != 0:
+		return fmt.Errorf("%w: Parts %d does not divide UsageShards %d: a part is a set of usage shards (shard mod Parts), so the shard count must be a multiple of the part count", ErrConfig, c.Parts, shards)
+	case c.Parts > 1 && c.UsageSplitShards > 0:
+		return fmt.Errorf("%w: Parts %d with UsageSplitShards %d: the split usage layout hashes keys apart from the parts; finish the rolling upgrade first (--usage-split-shards 0)", ErrConfig, c.Parts, c.UsageSplitShards)
+	case c.StaticParts != nil && c.Gossip != nil:
+		return fmt.Errorf("%w: StaticParts with Gossip: with gossip, parts follow the membership", ErrConfig)
+	case c.StaticParts != nil && c.Parts == 1:
+		return fmt.Errorf("%w: StaticParts without Parts > 1", ErrConfig)
+	}
+	seen := map[int]bool{}
+	for _, p := range c.StaticParts {
+		if p < 0 || p >= c.Parts || seen[p] {
+			return fmt.Errorf("%w: StaticParts %v: each part in [0, %d), once", ErrConfig, c.StaticParts, c.Parts)
+		}
+		seen[p] = true
+	}
 	return nil
 }
+
+// maxParts bounds Config.Parts (kafkabus's bound on key_parts).
+const maxParts = 4096
 
 // isLoopback reports whether the listen address hostport binds loopback
 // only: 127.0.0.0/8, ::1 or "localhost". An empty host (every interface)

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,8 +54,9 @@ type Coordinator struct {
 	rcfg     rebalancer.Config
 	observer *metrics
 	dq       *dailyQuota
-	fence    *membership.Fence
-	member   *membership.Member // nil without Gossip
+	fences   []*membership.Fence // by key part (one without parts)
+	member   *membership.Member  // nil without Gossip
+	parts    int                 // Config.Parts, >= 1
 
 	// Policy log (nil without PolicyLog).
 	catalog  *admin.Catalog
@@ -61,11 +65,17 @@ type Coordinator struct {
 	mat      *policysync.Materializer
 
 	registry *prometheus.Registry
-	usage    *loggedUsage // the region's usage, read by every term's driver
+	usage    []*loggedUsage // the region's usage by key part, read by every term's driver
 	leading  atomic.Bool
-	driver   atomic.Pointer[rebalancer.Driver] // the current term's; nil before the first
-	listener net.Listener
-	server   *http.Server
+	driver   atomic.Pointer[rebalancer.Driver] // the current term's; nil before the first (one part)
+
+	// With Parts > 1: the driver of each part this replica runs now.
+	partsMu      sync.Mutex
+	partDrivers  map[int]*rebalancer.Driver
+	mismatchOnce sync.Once
+	observerMu   sync.Mutex // serialises the parts' observer calls
+	listener     net.Listener
+	server       *http.Server
 
 	runOnce sync.Once
 }
@@ -104,7 +114,7 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 
-	c := &Coordinator{cfg: cfg, log: log, name: cfg.Region, rcfg: rcfg, registry: prometheus.NewRegistry()}
+	c := &Coordinator{cfg: cfg, log: log, name: cfg.Region, rcfg: rcfg, registry: prometheus.NewRegistry(), parts: cfg.Parts, partDrivers: map[int]*rebalancer.Driver{}}
 	if cfg.Gossip != nil {
 		c.name = cfg.Gossip.Name
 	}
@@ -112,7 +122,10 @@ func New(cfg Config) (*Coordinator, error) {
 	c.redis = redisconn.Options{
 		Addrs: cfg.RedisAddrs, Cluster: cfg.RedisCluster, TLS: cfg.RedisTLS, Username: cfg.RedisUsername, Password: cfg.RedisPassword,
 	}.New()
-	c.fence = membership.NewFence(c.redis, cfg.Region)
+	c.fences = make([]*membership.Fence, c.parts)
+	for p := range c.parts {
+		c.fences[p] = membership.NewPartFence(c.redis, cfg.Region, p, c.parts)
+	}
 	fail := func(err error) (*Coordinator, error) {
 		c.close()
 		return nil, err
@@ -162,11 +175,19 @@ func New(cfg Config) (*Coordinator, error) {
 			return fail(err)
 		}
 	}
-	c.usage = newLoggedUsage(redisio.NewLayoutSource(c.redis, limiter.UsageLayout{Shards: cfg.UsageShards, SplitShards: cfg.UsageSplitShards}), log, c.registry)
+	srcs := make([]*redisio.Source, c.parts)
+	for p := range c.parts {
+		layout := limiter.UsageLayout{Shards: cfg.UsageShards, SplitShards: cfg.UsageSplitShards}
+		if c.parts > 1 {
+			layout.Parts, layout.Part = c.parts, p
+		}
+		srcs[p] = redisio.NewLayoutSource(c.redis, layout)
+	}
+	c.usage = newLoggedUsages(srcs, log, c.registry)
 	c.registerRole()
 	// Check the driver's configuration now (CollectDelay against MaxWait),
 	// so a bad one fails New and not the first term.
-	if _, _, _, err := c.newDriver(); err != nil {
+	if _, _, _, err := c.newDriver(0); err != nil {
 		return fail(err)
 	}
 
@@ -214,16 +235,31 @@ func New(cfg Config) (*Coordinator, error) {
 // and warms up otherwise; see the rebalancer package doc), a new adapter on the shared bus (the caller
 // runs its consumer), with transfers a new adapter on the transfer bus
 // (the caller runs its consumer too; nil without transfers), and the fence.
-func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, *kafkabus.TransferAdapter, error) {
+// With Parts > 1 it is the loop of key part part only: its usage shards,
+// its reports, its fence and the share records of its keys.
+func (c *Coordinator) newDriver(part int) (*rebalancer.Driver, *kafkabus.Adapter, *kafkabus.TransferAdapter, error) {
 	core, err := rebalancer.New(c.rcfg, c.policies)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	adapter, err := kafkabus.NewAdapter(c.bus, c.rcfg.Epoch, c.cfg.Clock.Now)
+	adapter, err := kafkabus.NewPartAdapter(c.bus, c.rcfg.Epoch, c.cfg.Clock.Now, part, c.parts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	adapter.OnReject = func(err error) { c.log.Warn("region: report rejected", "err", err) }
+	adapter.OnReject = func(err error) {
+		if errors.Is(err, kafkabus.ErrPartsMismatch) {
+			c.observer.partsMismatch.Inc()
+			c.mismatchOnce.Do(func() {
+				c.log.Error("region: reports of another part count refused (every region must run the same --parts); logged once, counted in quotient_coordinator_reports_parts_mismatch_total", "parts", c.parts, "err", err)
+			})
+			return
+		}
+		c.log.Warn("region: report rejected", "err", err)
+	}
+	var records rebalancer.RecordSource = redisio.NewRecords(c.redis)
+	if c.parts > 1 {
+		records = partRecords{records, part, c.parts}
+	}
 	var (
 		tadapter *kafkabus.TransferAdapter
 		tbus     rebalancer.TransferBus
@@ -242,17 +278,20 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, *kafka
 		// interval by default), however often the wake-ups come.
 		ps.SetWindow(c.cfg.PressureInterval)
 		tbus, pressure = tadapter, ps
+		if c.parts > 1 {
+			tbus, pressure = partTransfers{tadapter, part, c.parts}, partPressure{ps, part, c.parts}
+		}
 	}
 	d, err := rebalancer.NewDriver(core, rebalancer.DriverConfig{
-		Usage:        c.usage,
+		Usage:        c.usage[part],
 		Shares:       redisio.NewSink(c.redis, 0),
 		Bus:          adapter,
 		Clock:        c.cfg.Clock,
 		CollectDelay: c.cfg.CollectDelay,
 		Logger:       c.log,
 		Observer:     c.loopObserver(),
-		Fence:        fenceOf{c.fence, c.name},
-		Records:      redisio.NewRecords(c.redis),
+		Fence:        fenceOf{c.fences[part], c.name},
+		Records:      records,
 		// A first start (no report of this region on the bus in the span a
 		// restart needs) skips the warm-up (rebalancer package doc).
 		History: adapter,
@@ -264,7 +303,79 @@ func (c *Coordinator) newDriver() (*rebalancer.Driver, *kafkabus.Adapter, *kafka
 	return d, adapter, tadapter, err
 }
 
-// fenceOf is the region's fence as this replica claims it.
+// partRecords are the share records of one key part's keys: a part's
+// driver that takes over adopts only its own keys.
+type partRecords struct {
+	src         rebalancer.RecordSource
+	part, parts int
+}
+
+func (r partRecords) Records(ctx context.Context) ([]rebalancer.ShareRecord, error) {
+	recs, err := r.src.Records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := recs[:0]
+	for _, rec := range recs {
+		if limiter.UsagePart(rec.PolicyID, rec.Subject, r.parts) == r.part {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}
+
+// partTransfers is the transfer bus of one key part: it hands the part's
+// driver only the keys of its part of each ask and give, and drops a
+// message with none (another part's: every part's driver reads every
+// message, and each takes its own keys; a give's giver lowered and wrote
+// every key before sending it, so a part that raises only its own keys
+// raises nothing another part would not).
+type partTransfers struct {
+	rebalancer.TransferBus
+	part, parts int
+}
+
+func (t partTransfers) mine(k rebalancer.Key) bool {
+	return limiter.UsagePart(k.PolicyID, k.Subject, t.parts) == t.part
+}
+
+func (t partTransfers) ReceiveTransfer(ctx context.Context) (*rebalancer.Ask, *rebalancer.Give, error) {
+	for {
+		ask, give, err := t.TransferBus.ReceiveTransfer(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ask != nil {
+			ask.Keys = slices.DeleteFunc(ask.Keys, func(k rebalancer.AskKey) bool { return !t.mine(k.Key) })
+			if len(ask.Keys) > 0 {
+				return ask, nil, nil
+			}
+		}
+		if give != nil {
+			give.Keys = slices.DeleteFunc(give.Keys, func(k rebalancer.GiveKey) bool { return !t.mine(k.Key) })
+			if len(give.Keys) > 0 {
+				return nil, give, nil
+			}
+		}
+	}
+}
+
+// partPressure is the pressure source of one key part: the marks of its
+// keys only (each part's driver reads every mark; a replica running k
+// parts reads them k times). WaitPressure is the source's.
+type partPressure struct {
+	*redisio.PressureSource
+	part, parts int
+}
+
+func (p partPressure) Pressure(ctx context.Context, now time.Time) ([]rebalancer.Pressure, error) {
+	out, err := p.PressureSource.Pressure(ctx, now)
+	return slices.DeleteFunc(out, func(x rebalancer.Pressure) bool {
+		return limiter.UsagePart(x.PolicyID, x.Subject, p.parts) != p.part
+	}), err
+}
+
+// fenceOf is the region's fence (of one part) as this replica claims it.
 type fenceOf struct {
 	f     *membership.Fence
 	owner string
@@ -275,12 +386,50 @@ func (f fenceOf) Claim(ctx context.Context, epoch int64) (bool, error) {
 	return f.f.Claim(ctx, epoch, f.owner)
 }
 
-// loopObserver is the metrics, and Config.Observer after them.
+// loopObserver is the metrics, and Config.Observer after them. With
+// Parts > 1 the drivers of several parts call it at once, so their calls
+// are serialised (an Observer is called one call at a time).
 func (c *Coordinator) loopObserver() rebalancer.Observer {
-	if c.cfg.Observer == nil {
-		return c.observer
+	var o rebalancer.Observer = c.observer
+	if c.cfg.Observer != nil {
+		o = observers{c.observer, c.cfg.Observer}
 	}
-	return observers{c.observer, c.cfg.Observer}
+	if c.parts > 1 {
+		o = lockedObserver{&c.observerMu, o}
+	}
+	return o
+}
+
+// lockedObserver calls o under mu.
+type lockedObserver struct {
+	mu *sync.Mutex
+	o  rebalancer.Observer
+}
+
+func (l lockedObserver) Collected(i rebalancer.CollectInfo) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.o.Collected(i)
+}
+
+func (l lockedObserver) Decided(i rebalancer.DecideInfo) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.o.Decided(i)
+}
+
+func (l lockedObserver) Received(i rebalancer.ReceiveInfo) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.o.Received(i)
+}
+
+func (l lockedObserver) Transferred(i rebalancer.TransferInfo) {
+	if t, ok := l.o.(rebalancer.TransferObserver); ok {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		t.Transferred(i)
+	}
 }
 
 // observers calls each observer in turn.
@@ -330,7 +479,8 @@ func (c *Coordinator) GossipAddr() string {
 	return c.member.Addr()
 }
 
-// Leading reports whether this replica runs the epoch loop now.
+// Leading reports whether this replica runs the epoch loop now (with
+// Parts > 1: the epoch loop of at least one part; see Parts).
 func (c *Coordinator) Leading() bool { return c.leading.Load() }
 
 // Registry returns the coordinator's metric registry.
@@ -338,6 +488,7 @@ func (c *Coordinator) Registry() *prometheus.Registry { return c.registry }
 
 // Status returns the epoch loop's status: the current (or last) term's;
 // the zero Status before this replica first led.
+// With Parts > 1 it is always the zero Status: see Parts.
 func (c *Coordinator) Status() rebalancer.Status {
 	if d := c.driver.Load(); d != nil {
 		return d.Status()
@@ -385,6 +536,10 @@ func (c *Coordinator) run(ctx context.Context) error {
 		lwg.Go(func() { c.keepPolicyLogWarm(lctx) })
 	}
 	lwg.Go(func() {
+		if c.parts > 1 {
+			c.runParts(lctx)
+			return
+		}
 		if c.member == nil {
 			c.retry(lctx, "epoch loop", c.lead)
 			return
@@ -451,7 +606,7 @@ func (c *Coordinator) followPolicies(ctx context.Context) error {
 // term is over) or the loop is fenced out (another replica claimed an
 // epoch: rebalancer.ErrFenced) or cannot read the fence.
 func (c *Coordinator) lead(ctx context.Context) error {
-	d, adapter, tadapter, err := c.newDriver()
+	d, adapter, tadapter, err := c.newDriver(0)
 	if err != nil {
 		return err
 	}
@@ -476,6 +631,142 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// ownershipRecheck is how often a replica with Parts > 1 recomputes the
+// parts it owns from the membership.
+const ownershipRecheck = 100 * time.Millisecond
+
+// runParts runs, with Parts > 1, the epoch loop of each part this replica
+// owns (StaticParts without Gossip; with Gossip, the parts membership.OwnerOf
+// gives it over the live members, rechecked every ownershipRecheck) and the
+// daily-quota replication (on the leader with Gossip; without, on the
+// replica that runs part 0), until ctx ends. A part that moves away is
+// stopped (its write in progress finishes or times out) before the next
+// recheck; one that moves here starts through its fence: it resumes after
+// the part's last claimed epoch and adopts the part's share records
+// (rebalancer.DriverConfig.Fence and Records), as a new leader does.
+func (c *Coordinator) runParts(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	dq := func(ctx context.Context) error { return c.dq.run(ctx, c.policies) }
+	owned := func() []int { return c.cfg.StaticParts }
+	switch {
+	case c.member != nil:
+		wg.Go(func() {
+			_ = c.member.RunWhileLeader(ctx, ownershipRecheck, dq, func(err error) {
+				c.log.Warn("region: daily-quota replication stopped", "err", err)
+			})
+		})
+		owned = func() []int { return membership.OwnedParts(c.member.Alive(), c.name, c.parts) }
+	case c.cfg.StaticParts == nil:
+		all := make([]int, c.parts)
+		for p := range all {
+			all[p] = p
+		}
+		owned = func() []int { return all }
+		fallthrough
+	case slices.Contains(c.cfg.StaticParts, 0):
+		wg.Go(func() { c.retry(ctx, "daily-quota replication", dq) })
+	}
+	type running struct {
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	runs := map[int]running{}
+	stop := func(p int) {
+		r := runs[p]
+		r.cancel()
+		<-r.done
+		delete(runs, p)
+	}
+	defer func() {
+		for p := range runs {
+			stop(p)
+		}
+	}()
+	t := time.NewTicker(ownershipRecheck)
+	defer t.Stop()
+	for {
+		want := owned()
+		for p := range runs {
+			if !slices.Contains(want, p) {
+				c.log.Info("region: part moved to another replica; stopping its epoch loop", "part", p, "parts", c.parts)
+				stop(p)
+			}
+		}
+		for _, p := range want {
+			if _, ok := runs[p]; ok {
+				continue
+			}
+			pctx, cancel := context.WithCancel(ctx)
+			r := running{cancel: cancel, done: make(chan struct{})}
+			runs[p] = r
+			go func() {
+				defer close(r.done)
+				c.retry(pctx, "epoch loop of part "+strconv.Itoa(p), func(ctx context.Context) error { return c.runPart(ctx, p) })
+			}()
+		}
+		c.leading.Store(len(runs) > 0)
+		select {
+		case <-ctx.Done():
+			c.leading.Store(false)
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// runPart runs one term of part p's epoch loop, until ctx ends (the part
+// moved away) or the loop is fenced out (another replica claimed an epoch
+// of the part: rebalancer.ErrFenced, retried by the caller while this
+// replica still owns the part) or cannot read the fence.
+func (c *Coordinator) runPart(ctx context.Context, p int) error {
+	d, adapter, tadapter, err := c.newDriver(p)
+	if err != nil {
+		return err
+	}
+	c.partsMu.Lock()
+	c.partDrivers[p] = d
+	c.partsMu.Unlock()
+	defer func() {
+		c.partsMu.Lock()
+		if c.partDrivers[p] == d {
+			delete(c.partDrivers, p)
+		}
+		c.partsMu.Unlock()
+	}()
+	c.log.Info("region: running the epoch loop of a part", "name", c.name, "part", p, "parts", c.parts)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { c.retry(ctx, "kafka consumer of part "+strconv.Itoa(p), adapter.Run) })
+	if tadapter != nil {
+		wg.Go(func() { c.retry(ctx, "transfer consumer of part "+strconv.Itoa(p), tadapter.Run) })
+	}
+	err = d.Run(ctx)
+	cancel()
+	wg.Wait()
+	if ctx.Err() != nil && !errors.Is(err, rebalancer.ErrFenced) {
+		return nil
+	}
+	return err
+}
+
+// Parts returns the status of the epoch loop of each key part this
+// replica runs now (Config.Parts > 1), by part; nil with one part (see
+// Status).
+func (c *Coordinator) Parts() map[int]rebalancer.Status {
+	if c.parts == 1 {
+		return nil
+	}
+	c.partsMu.Lock()
+	defer c.partsMu.Unlock()
+	out := make(map[int]rebalancer.Status, len(c.partDrivers))
+	for p, d := range c.partDrivers {
+		out[p] = d.Status()
+	}
+	return out
 }
 
 // close releases the clients built by New.
@@ -523,6 +814,35 @@ type health struct {
 	Unwritten   int       `json:"unwritten_updates"`
 	// Transfers between decisions (absent when off or while following).
 	Transfers *transferHealth `json:"transfers,omitempty"`
+	// With Config.Parts > 1: the part count and the parts this replica
+	// runs (role "parts" when it runs any, "follower" otherwise).
+	KeyParts  int          `json:"parts,omitempty"`
+	PartsHere []partHealth `json:"parts_here,omitempty"`
+}
+
+// partHealth is one part's line in /healthz.
+type partHealth struct {
+	Part        int       `json:"part"`
+	LastEpoch   int64     `json:"last_epoch"`
+	LastCollect time.Time `json:"last_collect,omitzero"`
+	Unwritten   int       `json:"unwritten_updates"`
+	Reason      string    `json:"reason,omitempty"`
+}
+
+// loopReason is why an epoch loop in status st is unhealthy at now, or "".
+func (c *Coordinator) loopReason(st rebalancer.Status, now time.Time) string {
+	stale := 2*c.cfg.Epoch + c.cfg.Epoch/2
+	switch {
+	case !st.Running:
+		return "epoch loop not running"
+	case st.LastCollect.IsZero() && now.Sub(st.Started) > stale:
+		return "no epoch collected since start"
+	case !st.LastCollect.IsZero() && now.Sub(st.LastCollect) > stale:
+		return fmt.Sprintf("last collection %v ago", now.Sub(st.LastCollect).Round(time.Millisecond))
+	case st.LastWriteError != nil:
+		return "share writes failing: " + st.LastWriteError.Error()
+	}
+	return ""
 }
 
 // transferHealth is the transfer part of /healthz: what this leader's
@@ -544,13 +864,29 @@ type transferHealth struct {
 // and its epoch loop runs, has collected within the last two epochs (or
 // started less than two epochs ago) and its share writes succeed; 503
 // otherwise, with the reason.
+// With Parts > 1 the same checks apply to the epoch loop of each part this
+// replica runs (role "parts"; "follower" when it runs none).
 func (c *Coordinator) healthz(w http.ResponseWriter, _ *http.Request) {
 	now := c.cfg.Clock.Now()
 	h := health{Status: "ok", Region: c.cfg.Region, Name: c.name, Role: "follower"}
 	if c.member != nil {
 		h.Leader = c.member.Leader()
 	}
-	if c.Leading() || c.member == nil {
+	if c.parts > 1 {
+		h.KeyParts = c.parts
+		ps := c.Parts()
+		for _, p := range slices.Sorted(maps.Keys(ps)) {
+			st := ps[p]
+			ph := partHealth{Part: p, LastEpoch: st.LastEpoch, LastCollect: st.LastCollect, Unwritten: st.Unwritten, Reason: c.loopReason(st, now)}
+			if ph.Reason != "" && h.Reason == "" {
+				h.Reason = fmt.Sprintf("part %d: %s", p, ph.Reason)
+			}
+			h.PartsHere = append(h.PartsHere, ph)
+		}
+		if len(ps) > 0 {
+			h.Role = "parts"
+		}
+	} else if c.Leading() || c.member == nil {
 		h.Role = "leader"
 		st := c.Status()
 		h.LastEpoch, h.LastCollect, h.Unwritten = st.LastEpoch, st.LastCollect, st.Unwritten
@@ -564,17 +900,7 @@ func (c *Coordinator) healthz(w http.ResponseWriter, _ *http.Request) {
 		if !st.LastDecision.IsZero() {
 			h.LastMode = st.LastMode.String()
 		}
-		stale := 2*c.cfg.Epoch + c.cfg.Epoch/2
-		switch {
-		case !st.Running:
-			h.Reason = "epoch loop not running"
-		case st.LastCollect.IsZero() && now.Sub(st.Started) > stale:
-			h.Reason = "no epoch collected since start"
-		case !st.LastCollect.IsZero() && now.Sub(st.LastCollect) > stale:
-			h.Reason = fmt.Sprintf("last collection %v ago", now.Sub(st.LastCollect).Round(time.Millisecond))
-		case st.LastWriteError != nil:
-			h.Reason = "share writes failing: " + st.LastWriteError.Error()
-		}
+		h.Reason = c.loopReason(st, now)
 	}
 	code := http.StatusOK
 	if h.Reason != "" {

@@ -49,6 +49,55 @@
 //     rebalancer.FirstStartEpochs epochs (kafkabus.Bus.Published; see the
 //     rebalancer package doc, "First start").
 //
+// Parts (issue 15). With Config.Parts = P > 1 the key space is split into
+// P parts: a key's part is limiter.UsagePart, its usage shard modulo P (so
+// Config.UsageShards must be a multiple of P, and the part is the same in
+// every region whatever its shard count), and P is the same in every
+// region. Each part is an independent instance of the protocol: its own
+// rebalancer Core and Driver, reading only its part's usage shards
+// (limiter.UsageLayout.Parts), writing only its keys' share records,
+// adopting only its keys' records on a takeover, claiming its epochs in
+// its own fence (membership.NewPartFence, a Redis key per region and
+// part) and publishing its own reports, marked with key_part and
+// key_parts (absent: part 0 of 1, the wire format without parts). A
+// receiver hands a report only to the Core of its part
+// (kafkabus.NewPartAdapter) and refuses, counts
+// (quotient_coordinator_reports_parts_mismatch_total) and logs once a
+// report of another P. Safety holds per part as without parts: the
+// argument for Σ ≤ L is per key, and a part's reports from every region
+// cover exactly that part's keys, so each key is decided by one Core per
+// region, from every region's claims on it, as with one part.
+//
+// With Gossip, each live replica runs the parts for which it has the
+// highest rendezvous hash over the live members (membership.OwnerOf),
+// rechecked every 100 ms; a part that moves starts through its fence and
+// the warm-start rules of a new leader (it resumes after the part's last
+// claimed epoch and adopts the part's records once the previous owner can
+// no longer write). While views disagree two replicas may run one part
+// for a moment: the fence lets only one claim each epoch, the other stops
+// (rebalancer.ErrFenced) and retries a second later. The daily-quota
+// replication stays on the leader (the smallest live name). Without
+// Gossip a replica runs Config.StaticParts (all by default).
+//
+// Transfers between decisions run per part too: each part's driver reads
+// the pressure marks and keeps its part's keys, and takes only its part's
+// keys of every ask and give (a message with none is dropped); a give's
+// giver lowered and wrote every key before sending it, so a part raises
+// only what was given for its own keys.
+//
+// What P > 1 does not do (yet): each part's driver reads every pressure
+// mark and every transfer message and keeps its own (a replica running k
+// parts reads them k times), and the gateways' wake token wakes one of
+// them (the others read at their interval); each part's consumer fetches
+// the whole usage topic and skips the other parts' messages by their key
+// ("<region>/<part>") without decoding them, so a replica that runs k
+// parts fetches every message k times (a part's messages stay ordered in
+// one Kafka partition, but a consumer does not yet select partitions); a first
+// start looks for any report of the region, of any part, so a part that
+// finds another part's report warms up (safe, slower); the metrics of
+// the epoch loop (keys, epoch durations, decisions) are the sum or the
+// last of the parts this replica runs, and /healthz lists each part.
+//
 // What it does not do: it computes nothing itself (decisions are the
 // rebalancer Core's and the dailyquota package's; admin writes are the
 // admin package's); the admin API's key usage reads only this region's
@@ -57,7 +106,7 @@
 // Invariants: a Coordinator owns every client it builds (Redis, Kafka) and
 // closes them when Run returns; it keeps no process-global state (its
 // metrics live in its own prometheus.Registry, exposed by Registry()); at
-// most one term of the epoch loop runs in a replica at a time. Shutdown is
+// most one term of the epoch loop (of each part) runs in a replica at a time. Shutdown is
 // graceful: cancelling Run's context stops the epoch loop between steps (a
 // write in progress finishes or times out) and the policy follower, leaves
 // the gossip cluster (announced), shuts the HTTP server down within

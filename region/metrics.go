@@ -37,6 +37,7 @@ type metrics struct {
 	transferRefused   *prometheus.CounterVec // by reason
 	transferAmount    *prometheus.CounterVec // by direction
 	transferMalformed prometheus.Counter
+	partsMismatch     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
@@ -118,6 +119,11 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 		Name: "quotient_coordinator_transfer_malformed_total",
 		Help: "Messages of the transfer topic skipped: undecodable, neither an ask nor a give, invalid, or of another epoch length.",
 	})
+	m.partsMismatch = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quotient_coordinator_reports_parts_mismatch_total",
+		Help: "Reports refused because their sender splits the key space into another number of parts (--parts must be the same in every region); the first is logged. Counted once per part driver that read it.",
+	})
+	reg.MustRegister(m.partsMismatch)
 	for _, d := range []string{"sent", "received"} {
 		m.transferAsks.WithLabelValues(d)
 	}

@@ -27,16 +27,34 @@ type loggedUsage struct {
 }
 
 func newLoggedUsage(src *redisio.Source, log *slog.Logger, reg prometheus.Registerer) *loggedUsage {
-	u := &loggedUsage{src: src, log: log}
+	return newLoggedUsages([]*redisio.Source{src}, log, reg)[0]
+}
+
+// newLoggedUsages is newLoggedUsage for the sources of each key part
+// (Config.Parts): one pair of metrics, their sums.
+func newLoggedUsages(srcs []*redisio.Source, log *slog.Logger, reg prometheus.Registerer) []*loggedUsage {
+	out := make([]*loggedUsage, len(srcs))
+	for i, src := range srcs {
+		out[i] = &loggedUsage{src: src, log: log}
+	}
+	sum := func(f func(*redisio.Source) int64) func() float64 {
+		return func() float64 {
+			var n int64
+			for _, s := range srcs {
+				n += f(s)
+			}
+			return float64(n)
+		}
+	}
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "quotient_coordinator_usage_bad_fields_total",
 		Help: "Usage entries read from this region's Redis and skipped because they do not parse (each epoch with any also logs the first one).",
-	}, func() float64 { return float64(src.BadFields()) }))
+	}, sum((*redisio.Source).BadFields)))
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "quotient_coordinator_usage_unlink_failures_total",
 		Help: "Collections whose deletion (UNLINK) of the usage hashes and overflow marker of the epoch two before failed: those keys were not freed in the background and will expire by themselves, which frees them on redis-server's main thread unless lazyfree-lazy-expire is yes (README, \"Expiry of usage hashes\").",
-	}, func() float64 { return float64(src.UnlinkFailures()) }))
-	return u
+	}, sum((*redisio.Source).UnlinkFailures)))
+	return out
 }
 
 // Usage implements rebalancer.UsageSource.

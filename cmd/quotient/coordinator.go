@@ -98,6 +98,7 @@ func coordinatorRegionConfig(cfg coordinatorConfig, env environment) (region.Con
 	rc.RedisAddrs, rc.RedisCluster, rc.KafkaBrokers = splitList(cfg.redis), cfg.redisCluster, splitList(cfg.kafka)
 	rc.Listen, rc.Epoch, rc.MaxWait, rc.CollectDelay = cfg.listen, cfg.epoch, cfg.maxWait, cfg.collectDelay
 	rc.Topic, rc.Mirrored, rc.UsageShards, rc.UsageSplitShards = cfg.topic, cfg.mirrored, cfg.usageShards, cfg.usageSplitShards
+	rc.Parts = cfg.parts
 	rc.TransferTopic, rc.NoTransfers, rc.PressureInterval = cfg.transferTopic, !cfg.transfers, cfg.pressureInterval
 	rc.Logger = slog.New(slog.NewJSONHandler(env.stderr, &slog.HandlerOptions{Level: level}))
 	switch {
@@ -119,6 +120,12 @@ func coordinatorRegionConfig(cfg coordinatorConfig, env environment) (region.Con
 		return rc, fmt.Errorf("--usage-shards %d: want at least 1", cfg.usageShards)
 	case cfg.usageSplitShards < 0:
 		return rc, fmt.Errorf("--usage-split-shards %d: want 0 (do not read the split layout) or more", cfg.usageSplitShards)
+	case cfg.parts < 1:
+		return rc, fmt.Errorf("--parts %d: want at least 1", cfg.parts)
+	case cfg.usageShards%cfg.parts != 0:
+		return rc, fmt.Errorf("--parts %d does not divide --usage-shards %d: a part is the usage shards whose number mod --parts is the part", cfg.parts, cfg.usageShards)
+	case cfg.parts > 1 && cfg.usageSplitShards > 0:
+		return rc, fmt.Errorf("--parts %d needs --usage-split-shards 0: the previous release's split layout hashes keys apart from the parts", cfg.parts)
 	case cfg.policies == "" && !cfg.policyLog && cfg.adminTokens == "":
 		return rc, errors.New("--policies is required without --policy-log: the JSON policy file whose scope:global policies are shared")
 	case cfg.gossipBind == "" && cfg.gossipSeeds != "":

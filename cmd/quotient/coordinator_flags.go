@@ -29,6 +29,7 @@ type coordinatorConfig struct {
 	mirrored         bool          // one Kafka cluster per region, mirrored with MirrorMaker 2
 	usageShards      int           // the gateways' usage shard count (packed layout)
 	usageSplitShards int           // the split layout's, still read (0: not)
+	parts            int           // key parts (region.Config.Parts)
 	logLevel         string        // debug, info, warn, error
 	policyLog        bool          // follow the policy topic (the admin API's log)
 	adminTokens      string        // token file of the admin API; implies policyLog
@@ -68,6 +69,7 @@ func coordinatorFlagSet(cfg *coordinatorConfig) *flag.FlagSet {
 	fs.DurationVar(&cfg.pressureInterval, "pressure-interval", time.Second, "how often to read the gateways' pressure marks (keys whose global policy rejected cost) and ask the other regions for share")
 	fs.BoolVar(&cfg.mirrored, "mirrored", false, "one Kafka cluster per region mirrored with MirrorMaker 2: also consume <region>.<topic> for every other region")
 	fs.IntVar(&cfg.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (packed layout; about the active keys per epoch over 64); the gateways follow it")
+	fs.IntVar(&cfg.parts, "parts", 1, "key parts the region's coordinator replicas split the key space into (the same in every region; it must divide --usage-shards, and > 1 needs --usage-split-shards 0); 1: one replica leads every key")
 	fs.IntVar(&cfg.usageSplitShards, "usage-split-shards", limiter.DefaultSplitUsageShards, "shards of the previous release's split usage layout, which its gateways write, also read (0: not; only once no such gateway runs)")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	registerClockOffset(fs, &cfg.clockOffset)

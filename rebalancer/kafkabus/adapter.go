@@ -1,6 +1,7 @@
 package kafkabus
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,12 @@ import (
 // not the receiver's: the sender numbers epochs differently, so its report
 // cannot be applied (regions must run the same --epoch).
 var ErrEpochMismatch = errors.New("kafkabus: epoch length mismatch")
+
+// ErrPartsMismatch is wrapped by the error an Adapter's Run passes to
+// OnReject for a report whose key_parts is not the adapter's: the sender's
+// coordinator splits the key space differently (regions must run the same
+// --parts), so its report cannot be routed to one part's Core.
+var ErrPartsMismatch = errors.New("kafkabus: key parts mismatch")
 
 // ToProto converts a rebalancer report to its wire form: epoch is the epoch
 // length (a whole number of milliseconds), sent the publisher's clock (for
@@ -114,6 +121,12 @@ func FromProto(p *quotientv1.UsageReport, epoch time.Duration) (*rebalancer.Repo
 type AdapterStats struct {
 	Delivered int64 // reports handed to Receive
 	Rejected  int64 // reports FromProto rejected (malformed, other epoch length)
+	// PartsMismatch counts reports dropped because their key_parts is not
+	// the adapter's (also in Rejected).
+	PartsMismatch int64
+	// OtherPart counts reports of another key part, skipped (not errors:
+	// each part's adapter reads the whole topic and keeps its part's).
+	OtherPart int64
 }
 
 // Adapter makes a Bus a rebalancer.Bus: Publish converts and sends a
@@ -132,6 +145,10 @@ type Adapter struct {
 	ch       chan *rebalancer.Report
 	rejected atomic.Int64
 	deliv    atomic.Int64
+	mismatch atomic.Int64
+	other    atomic.Int64
+	part     int32 // this adapter's key part, 0 <= part < parts
+	parts    int32 // key parts, >= 1; 1 is the whole key space (no key_part on the wire)
 	// OnReject, when set before Run, is called (from Run's goroutine) with
 	// each rejected report's error, e.g. to log it.
 	OnReject func(error)
@@ -152,7 +169,29 @@ func NewAdapter(bus *Bus, epoch time.Duration, now func() time.Time) (*Adapter, 
 	if err != nil {
 		return nil, err
 	}
-	return &Adapter{bus: bus, epoch: epoch, now: now, ch: make(chan *rebalancer.Report, 16)}, nil
+	return &Adapter{bus: bus, epoch: epoch, now: now, ch: make(chan *rebalancer.Report, 16), parts: 1}, nil
+}
+
+// NewPartAdapter is NewAdapter for one key part of a coordinator that
+// splits the key space into parts parts (parts >= 1, 0 <= part < parts):
+// Publish marks its reports key_part = part, key_parts = parts (nothing
+// with parts 1: the wire format of a coordinator without parts), and Run
+// delivers only the reports of key part part, skipping the other parts'
+// (AdapterStats.OtherPart) and rejecting those whose key_parts differs
+// (ErrPartsMismatch; a report without key_parts is of part 0 of 1). Each
+// part's adapter reads the whole topic, but decodes only the messages
+// keyed with its own part (or with no part): a replica running k parts
+// fetches every message k times and decodes each of its parts' once.
+func NewPartAdapter(bus *Bus, epoch time.Duration, now func() time.Time, part, parts int) (*Adapter, error) {
+	if parts < 1 || parts > maxKeyParts || part < 0 || part >= parts {
+		return nil, fmt.Errorf("%w: adapter: part %d of %d, want 0 <= part < parts <= %d", ErrConfig, part, parts, maxKeyParts)
+	}
+	a, err := NewAdapter(bus, epoch, now)
+	if err != nil {
+		return nil, err
+	}
+	a.part, a.parts = int32(part), int32(parts)
+	return a, nil
 }
 
 // Publish implements rebalancer.Bus: it converts r and calls Bus.Publish
@@ -161,7 +200,11 @@ func (a *Adapter) Publish(ctx context.Context, r *rebalancer.Report) error {
 	if r == nil {
 		return fmt.Errorf("%w: report is nil", ErrInvalidReport)
 	}
-	return a.bus.Publish(ctx, ToProto(r, a.epoch, a.now()))
+	p := ToProto(r, a.epoch, a.now())
+	if a.parts > 1 {
+		p.KeyPart, p.KeyParts = a.part, a.parts
+	}
+	return a.bus.Publish(ctx, p)
 }
 
 // Receive implements rebalancer.Bus: it returns the next converted report,
@@ -178,7 +221,20 @@ func (a *Adapter) Receive(ctx context.Context) (*rebalancer.Report, error) {
 // Run consumes with Bus.Run until ctx ends or the consumer fails, and
 // returns Bus.Run's error (ctx.Err() on cancellation).
 func (a *Adapter) Run(ctx context.Context) error {
-	return a.bus.Run(ctx, func(p *quotientv1.UsageReport) {
+	var keep func([]byte) bool
+	if a.parts > 1 {
+		keep = a.keepKey
+	}
+	return a.bus.RunKeys(ctx, keep, func(p *quotientv1.UsageReport) {
+		if parts := max(1, p.GetKeyParts()); parts != a.parts {
+			a.mismatch.Add(1)
+			reject(&a.rejected, a.OnReject, fmt.Errorf("%w: region %q epoch %d: key parts %d, this coordinator uses %d", ErrPartsMismatch, p.GetRegion(), p.GetEpoch(), parts, a.parts))
+			return
+		}
+		if p.GetKeyPart() != a.part {
+			a.other.Add(1)
+			return
+		}
 		r, err := FromProto(p, a.epoch)
 		if err != nil {
 			reject(&a.rejected, a.OnReject, err)
@@ -192,9 +248,30 @@ func (a *Adapter) Run(ctx context.Context) error {
 	})
 }
 
+// keepKey reports whether a part adapter decodes the message with Kafka
+// key key: unless the key ends in "/<digits>" of another part than its
+// own (the messages of another key part, skipped undecoded; Bus.RunKeys).
+// Keys without a part (senders without parts, or anything else) are
+// decoded, so that a report of another part count is still seen and
+// refused.
+func (a *Adapter) keepKey(key []byte) bool {
+	i := bytes.LastIndexByte(key, '/')
+	if i < 0 || i == len(key)-1 {
+		return true
+	}
+	n := 0
+	for _, c := range key[i+1:] {
+		if c < '0' || c > '9' || n > maxKeyParts {
+			return true
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n == int(a.part)
+}
+
 // Stats returns the adapter's counters.
 func (a *Adapter) Stats() AdapterStats {
-	return AdapterStats{Delivered: a.deliv.Load(), Rejected: a.rejected.Load()}
+	return AdapterStats{Delivered: a.deliv.Load(), Rejected: a.rejected.Load(), PartsMismatch: a.mismatch.Load(), OtherPart: a.other.Load()}
 }
 
 // adapterArgs checks a new adapter's arguments (its bus is not nil:

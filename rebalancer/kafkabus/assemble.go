@@ -3,6 +3,7 @@ package kafkabus
 import (
 	"errors"
 	"fmt"
+	"strconv"
 
 	quotientv1 "github.com/quotientlabs/quotient/proto/quotient/v1"
 )
@@ -11,6 +12,10 @@ import (
 // corrupt parts field cannot make it allocate without bound. 100,000 parts
 // of 1 MB are 100 GB, far beyond any real report.
 const maxParts = 100_000
+
+// maxKeyParts bounds a report's key_parts, so a corrupt field cannot make
+// a receiver keep state for unbounded senders.
+const maxKeyParts = 4096
 
 // ErrMalformed marks a message that is not a valid report part.
 var ErrMalformed = errors.New("kafkabus: malformed report part")
@@ -58,10 +63,16 @@ func (a *assembler) add(p *quotientv1.UsageReport) (*quotientv1.UsageReport, add
 	if err := validatePart(p); err != nil {
 		return nil, 0, 0, err
 	}
-	rs := a.regions[p.GetRegion()]
+	// Each key part of a region is its own sender (its own protocol
+	// instance, numbering its reports by itself).
+	sender := p.GetRegion()
+	if p.GetKeyParts() > 1 {
+		sender += "\x00" + strconv.Itoa(int(p.GetKeyPart()))
+	}
+	rs := a.regions[sender]
 	if rs == nil {
 		rs = &regionState{pending: map[reportID]*pendingReport{}, delivered: map[reportID]bool{}}
-		a.regions[p.GetRegion()] = rs
+		a.regions[sender] = rs
 	}
 	id := reportID{p.GetEpoch(), p.GetSeq()}
 	if rs.delivered[id] {
@@ -144,6 +155,9 @@ func validatePart(p *quotientv1.UsageReport) error {
 	case p.GetPart() < 0 || p.GetPart() >= p.GetParts():
 		return fmt.Errorf("%w: region %q epoch %d seq %d: part %d, want 0..%d",
 			ErrMalformed, p.GetRegion(), p.GetEpoch(), p.GetSeq(), p.GetPart(), p.GetParts()-1)
+	case p.GetKeyParts() < 0 || p.GetKeyParts() > maxKeyParts || p.GetKeyPart() < 0 || p.GetKeyPart() >= max(1, p.GetKeyParts()):
+		return fmt.Errorf("%w: region %q epoch %d seq %d: key part %d of %d, want 0 <= key_part < key_parts <= %d",
+			ErrMalformed, p.GetRegion(), p.GetEpoch(), p.GetSeq(), p.GetKeyPart(), p.GetKeyParts(), maxKeyParts)
 	}
 	return nil
 }

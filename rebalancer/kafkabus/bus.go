@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -173,6 +174,7 @@ type Stats struct {
 	PublishedReports int64 // reports Publish sent
 	PublishedParts   int64 // messages Publish sent
 	ConsumedParts    int64 // messages Run read
+	SkippedParts     int64 // messages RunKeys skipped undecoded (another key part's)
 	DeliveredReports int64 // whole reports Run delivered
 	Duplicates       int64 // parts dropped as duplicates of held or recently delivered ones
 	Malformed        int64 // messages that did not decode or were not valid parts
@@ -183,7 +185,7 @@ type Stats struct {
 
 type counters struct {
 	publishedReports, publishedParts, consumedParts, deliveredReports atomic.Int64
-	duplicates, malformed, evicted, missingTopics                     atomic.Int64
+	duplicates, malformed, evicted, missingTopics, skippedParts       atomic.Int64
 }
 
 // Bus publishes this region's usage reports and consumes every region's.
@@ -225,6 +227,7 @@ func (b *Bus) Stats() Stats {
 		ConsumedParts: s.consumedParts.Load(), DeliveredReports: s.deliveredReports.Load(),
 		Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(), Evicted: s.evicted.Load(),
 		MissingTopics: s.missingTopics.Load(), PrepareErrors: b.producer.prepareErrors.Load(),
+		SkippedParts: s.skippedParts.Load(),
 	}
 }
 
@@ -288,11 +291,15 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 	case r.GetPart() != 0 || r.GetParts() > 1:
 		return nil, fmt.Errorf("%w: region %q: part %d of %d: publish whole reports, Publish splits them",
 			ErrInvalidReport, r.GetRegion(), r.GetPart(), r.GetParts())
+	case r.GetKeyParts() < 0 || r.GetKeyPart() < 0 || r.GetKeyPart() >= max(1, r.GetKeyParts()):
+		return nil, fmt.Errorf("%w: region %q: key part %d of %d, want 0 <= key_part < key_parts",
+			ErrInvalidReport, r.GetRegion(), r.GetKeyPart(), r.GetKeyParts())
 	}
 	header := &quotientv1.UsageReport{
 		Region: r.GetRegion(), Epoch: r.GetEpoch(), EpochMs: r.GetEpochMs(), Seq: r.GetSeq(),
 		SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
 		StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
+		KeyPart: r.GetKeyPart(), KeyParts: r.GetKeyParts(),
 		Part: math.MaxInt32, Parts: math.MaxInt32, // the widest varints
 	}
 	budget := b.cfg.MaxMessageBytes - len(r.GetRegion()) - recordOverhead - proto.Size(header)
@@ -322,13 +329,19 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 
 	now := b.cfg.Now()
 	msgs := make([]kafka.Message, len(bounds))
+	// The message key is the sender's region (and key part, with key
+	// parts): the messages of one sender stay in one partition, in order.
 	key := []byte(r.GetRegion())
+	if r.GetKeyParts() > 1 {
+		key = []byte(r.GetRegion() + "/" + strconv.Itoa(int(r.GetKeyPart())))
+	}
 	lo := 0
 	for i, hi := range bounds {
 		part := &quotientv1.UsageReport{
 			Region: r.GetRegion(), Epoch: r.GetEpoch(), EpochMs: r.GetEpochMs(), Seq: r.GetSeq(),
 			SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
 			StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
+			KeyPart: r.GetKeyPart(), KeyParts: r.GetKeyParts(),
 			Part: int32(i), Parts: int32(len(bounds)), Keys: r.GetKeys()[lo:hi],
 		}
 		v, err := proto.Marshal(part)

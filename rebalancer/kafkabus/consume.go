@@ -37,6 +37,15 @@ const maxDelivered = 256
 // again, which re-reads the lookback window. Topics that do not exist are
 // waited for, not an error. Malformed messages are counted and skipped.
 func (b *Bus) Run(ctx context.Context, deliver func(*quotientv1.UsageReport)) error {
+	return b.RunKeys(ctx, nil, deliver)
+}
+
+// RunKeys is Run that decodes only the messages whose Kafka key keep
+// accepts (nil: every message), skipping the others undecoded and
+// counting them in Stats.SkippedParts: a part's consumer keeps its own
+// part's messages (key "<region>/<part>") and those of senders without
+// parts (key "<region>") without paying for the other parts' decoding.
+func (b *Bus) RunKeys(ctx context.Context, keep func(key []byte) bool, deliver func(*quotientv1.UsageReport)) error {
 	if deliver == nil {
 		return fmt.Errorf("%w: deliver is nil", ErrConfig)
 	}
@@ -45,6 +54,10 @@ func (b *Bus) Run(ctx context.Context, deliver func(*quotientv1.UsageReport)) er
 	cc := consumeConfig(b.cluster, b.cfg.ConsumeTopics, b.cfg.TopicPollInterval, b.cfg.FetchWait, b.cfg.Lookback, b.cfg.MaxMessageBytes, b.cfg.Now, &b.stats.missingTopics)
 	err := kafkautil.ConsumeTopics(ctx, b.cluster, cc, func(_ context.Context, _ string, _ int, m kafka.Message) error {
 		b.stats.consumedParts.Add(1)
+		if keep != nil && !keep(m.Key) {
+			b.stats.skippedParts.Add(1)
+			return nil
+		}
 		p := &quotientv1.UsageReport{}
 		if err := proto.Unmarshal(m.Value, p); err != nil {
 			b.stats.malformed.Add(1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -50,4 +51,15 @@ func (f *Fence) Last(ctx context.Context) (int64, bool, error) {
 		return 0, false, fmt.Errorf("membership: last epoch: %w", err)
 	}
 	return n, true, nil
+}
+
+// NewPartFence returns the fence of key part part of parts in region:
+// each part of a coordinator that splits the key space is its own
+// protocol instance, with its own epochs claimed. With parts <= 1 it is
+// NewFence (the key a coordinator without parts uses).
+func NewPartFence(client redis.UniversalClient, region string, part, parts int) *Fence {
+	if parts <= 1 {
+		return NewFence(client, region)
+	}
+	return &Fence{client: client, key: "quotient:epoch-fence:{" + region + "}:part:" + strconv.Itoa(part) + "/" + strconv.Itoa(parts)}
 }

@@ -88,7 +88,18 @@ type UsageReport struct {
 	// rule of package rebalancer keeps a majority that hears itself serving
 	// while a region cut off from it falls back. Empty from older senders;
 	// older receivers ignore it.
-	Relayed       []*RelayedHeard `protobuf:"bytes,11,rep,name=relayed,proto3" json:"relayed,omitempty"`
+	Relayed []*RelayedHeard `protobuf:"bytes,11,rep,name=relayed,proto3" json:"relayed,omitempty"`
+	// Key part: the sender's coordinator splits the key space into
+	// key_parts parts (a fleet-wide constant, --parts), and this report is
+	// the one of part key_part, 0 <= key_part < key_parts: it holds only
+	// keys of that part (limiter.UsagePart), and its heard, started_epoch
+	// and relayed are that part's protocol instance's. Each part is an
+	// independent instance of the protocol: a receiver hands the report to
+	// its own instance of the same part, and drops (counts) a report whose
+	// key_parts differs from its own. Absent (0) means part 0 of 1: the
+	// whole key space, as from a sender before parts.
+	KeyPart       int32 `protobuf:"varint,12,opt,name=key_part,json=keyPart,proto3" json:"key_part,omitempty"`
+	KeyParts      int32 `protobuf:"varint,13,opt,name=key_parts,json=keyParts,proto3" json:"key_parts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -198,6 +209,20 @@ func (x *UsageReport) GetRelayed() []*RelayedHeard {
 		return x.Relayed
 	}
 	return nil
+}
+
+func (x *UsageReport) GetKeyPart() int32 {
+	if x != nil {
+		return x.KeyPart
+	}
+	return 0
+}
+
+func (x *UsageReport) GetKeyParts() int32 {
+	if x != nil {
+		return x.KeyParts
+	}
+	return 0
 }
 
 // RelayedHeard is the heard vector of one report of `region`, as relayed by
@@ -457,7 +482,7 @@ var File_quotient_v1_usage_proto protoreflect.FileDescriptor
 
 const file_quotient_v1_usage_proto_rawDesc = "" +
 	"\n" +
-	"\x17quotient/v1/usage.proto\x12\vquotient.v1\"\xe9\x02\n" +
+	"\x17quotient/v1/usage.proto\x12\vquotient.v1\"\xa1\x03\n" +
 	"\vUsageReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x19\n" +
@@ -471,7 +496,9 @@ const file_quotient_v1_usage_proto_rawDesc = "" +
 	"\x04keys\x18\t \x03(\v2\x15.quotient.v1.KeyUsageR\x04keys\x12#\n" +
 	"\rstarted_epoch\x18\n" +
 	" \x01(\x03R\fstartedEpoch\x123\n" +
-	"\arelayed\x18\v \x03(\v2\x19.quotient.v1.RelayedHeardR\arelayed\"\x91\x01\n" +
+	"\arelayed\x18\v \x03(\v2\x19.quotient.v1.RelayedHeardR\arelayed\x12\x19\n" +
+	"\bkey_part\x18\f \x01(\x05R\akeyPart\x12\x1b\n" +
+	"\tkey_parts\x18\r \x01(\x05R\bkeyParts\"\x91\x01\n" +
 	"\fRelayedHeard\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12#\n" +
