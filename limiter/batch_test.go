@@ -55,7 +55,7 @@ func runBatch(t *testing.T, client redis.Scripter, reqs []batchReq) []reqReply {
 		args[i], nvals[i] = r.str, 5*len(r.ops)
 	}
 	route := reqs[0].str[reqs[0].rk.route[0]:reqs[0].rk.route[1]]
-	v, err := evalScript.Run(context.Background(), client, []string{route}, args...).Int64Slice()
+	v, err := scriptValues(evalScript.Run(context.Background(), client, []string{route}, args...))
 	require.NoError(t, err)
 	out := make([]reqReply, len(reqs))
 	_, err = parseReply(v, nvals, out)

@@ -329,7 +329,7 @@ func (p *pipeliner) send(b *batcher, batch []*pending) {
 		_, _ = pipe.Exec(ctx)
 	}
 	for i, call := range calls {
-		v, err := cmds[i].Int64Slice()
+		v, err := scriptValues(cmds[i])
 		var nowUs int64
 		if err == nil {
 			b.nvals = b.nvals[:0]

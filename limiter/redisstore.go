@@ -421,6 +421,23 @@ var (
 	errWhileWriting = errors.New("script failed while writing")
 )
 
+// scriptValues is the reply of a decision script call (script.lua): one
+// string of signed big-endian 8-byte integers, as one slice.
+func scriptValues(cmd *redis.Cmd) ([]int64, error) {
+	s, err := cmd.Text()
+	if err != nil {
+		return nil, err
+	}
+	if len(s)%8 != 0 {
+		return nil, fmt.Errorf("script returned %d bytes, not a multiple of 8", len(s))
+	}
+	v := make([]int64, len(s)/8)
+	for i := range v {
+		v[i] = int64(binary.BigEndian.Uint64([]byte(s[8*i : 8*i+8])))
+	}
+	return v, nil
+}
+
 // parseReply splits a script call's reply (script.lua) into the parts of
 // its requests, nvals[i] values after the status of request i, into
 // out[i] (slices of v), and returns the call's time. A request that
