@@ -205,7 +205,7 @@ func TestPipelineOneCallPerNode(t *testing.T) {
 	for i := range 30 {
 		s := Subject{Kind: SubjectAPIKey, Value: fmt.Sprintf("s-%d", i)}
 		r := buildBatchReq(t, rs, lr, time.Now(), 1, s)
-		batch = append(batch, &pending{ctx: ctx, route: r.str[r.rk.route[0]:r.rk.route[1]], req: r.str, nvals: 5 * len(r.ops), done: make(chan struct{})})
+		batch = append(batch, &pending{ctx: ctx, route: r.str[r.rk.route[0]:r.rk.route[1]], req: r.str, nvals: 5 * len(r.ops), done: make(chan struct{}, 1)})
 		node, err := c.MasterForKey(ctx, batch[i].route)
 		require.NoError(t, err)
 		nodes[node.Options().Addr] = true
