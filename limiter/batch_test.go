@@ -246,3 +246,23 @@ func TestPipelinedCheckEndsAtTheDeadline(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "the call of a caller past its deadline was not sent")
 }
+
+// TestRequestRouteIsStateKey: the first state key a request string
+// carries (built from the subject's Key in parts, without allocating it)
+// is StateKey, for subjects whose value needs no escaping and for those
+// that do.
+func TestRequestRouteIsStateKey(t *testing.T) {
+	rs := NewRedisStore(nil)
+	ps := benchPolicies(t)
+	l, err := New(Config{Store: rs}, ps)
+	require.NoError(t, err)
+	for _, subj := range []Subject{
+		{Kind: SubjectAPIKey, Value: "k_8f2a4c1d"},
+		{Kind: SubjectIP, Value: "2001:db8::/48"},
+		{Kind: SubjectUser, Value: "a b{c}%é"},
+		{Kind: SubjectDescriptor, Value: ""},
+	} {
+		r := buildBatchReq(t, rs, l, time.Now(), 1, subj)
+		require.Equal(t, StateKey(subj, ps[0]), r.str[r.rk.route[0]:r.rk.route[1]], "%+v", subj)
+	}
+}
