@@ -55,7 +55,7 @@ func runBatch(t *testing.T, client redis.Scripter, reqs []batchReq) []reqReply {
 		args[i], nvals[i] = r.str, 5*len(r.ops)
 	}
 	route := reqs[0].str[reqs[0].rk.route[0]:reqs[0].rk.route[1]]
-	v, err := evalScript.Run(context.Background(), client, []string{route}, args...).Int64Slice()
+	v, err := scriptValues(evalScript.Run(context.Background(), client, []string{route}, args...))
 	require.NoError(t, err)
 	out := make([]reqReply, len(reqs))
 	_, err = parseReply(v, nvals, out)
@@ -205,7 +205,7 @@ func TestPipelineOneCallPerNode(t *testing.T) {
 	for i := range 30 {
 		s := Subject{Kind: SubjectAPIKey, Value: fmt.Sprintf("s-%d", i)}
 		r := buildBatchReq(t, rs, lr, time.Now(), 1, s)
-		batch = append(batch, &pending{ctx: ctx, route: r.str[r.rk.route[0]:r.rk.route[1]], req: r.str, nvals: 5 * len(r.ops), done: make(chan struct{})})
+		batch = append(batch, &pending{ctx: ctx, route: r.str[r.rk.route[0]:r.rk.route[1]], req: r.str, nvals: 5 * len(r.ops), done: make(chan struct{}, 1)})
 		node, err := c.MasterForKey(ctx, batch[i].route)
 		require.NoError(t, err)
 		nodes[node.Options().Addr] = true
@@ -245,4 +245,24 @@ func TestPipelinedCheckEndsAtTheDeadline(t *testing.T) {
 	n, err := srv.Client().Exists(ctx, StateKey(Subject{Kind: SubjectAPIKey, Value: "late"}, l.Policies()[0])).Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "the call of a caller past its deadline was not sent")
+}
+
+// TestRequestRouteIsStateKey: the first state key a request string
+// carries (built from the subject's Key in parts, without allocating it)
+// is StateKey, for subjects whose value needs no escaping and for those
+// that do.
+func TestRequestRouteIsStateKey(t *testing.T) {
+	rs := NewRedisStore(nil)
+	ps := benchPolicies(t)
+	l, err := New(Config{Store: rs}, ps)
+	require.NoError(t, err)
+	for _, subj := range []Subject{
+		{Kind: SubjectAPIKey, Value: "k_8f2a4c1d"},
+		{Kind: SubjectIP, Value: "2001:db8::/48"},
+		{Kind: SubjectUser, Value: "a b{c}%é"},
+		{Kind: SubjectDescriptor, Value: ""},
+	} {
+		r := buildBatchReq(t, rs, l, time.Now(), 1, subj)
+		require.Equal(t, StateKey(subj, ps[0]), r.str[r.rk.route[0]:r.rk.route[1]], "%+v", subj)
+	}
 }

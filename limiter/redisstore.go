@@ -269,11 +269,19 @@ func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject
 		k = 1
 	}
 	buf = append(buf, byte(len(ops)), k)
-	subject := ""
+	// The subject's Key as two parts, appended one after the other: its
+	// prefix and value as they are (no allocation), or all of an escaped
+	// Key in subject.
+	subject, value := "", ""
 	for i := range ops {
 		o := &ops[i]
 		if i == 0 || subjects[i] != subjects[i-1] {
-			subject = subjects[i].Key()
+			prefix, plain := subjects[i].keyPrefix()
+			if plain {
+				subject, value = prefix, subjects[i].Value
+			} else {
+				subject, value = subjects[i].escapedKey(), ""
+			}
 		}
 		flags := byte(0)
 		if o.enforce {
@@ -288,7 +296,7 @@ func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject
 		}
 		var err error
 		at := len(buf) + 2
-		if buf, err = appendKey(buf, subject, o.policy, o.tag()); err != nil {
+		if buf, err = appendKey(buf, subject, value, o.policy, o.tag()); err != nil {
 			return buf, err
 		}
 		if i == 0 && rk != nil {
@@ -302,7 +310,7 @@ func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject
 			buf = append(buf, byte(len(o.region)))
 			buf = append(buf, o.region...)
 		case o.global:
-			if buf, err = appendKey(buf, subject, o.policy, "share"); err != nil {
+			if buf, err = appendKey(buf, subject, value, o.policy, "share"); err != nil {
 				return buf, err
 			}
 		}
@@ -316,16 +324,18 @@ type reqKeys struct {
 	route [2]int // the first state key: the node the request goes to
 }
 
-// appendKey appends "rl:{subject}:policy:tag" (stateKey, shareKey) with
-// its length in two bytes.
-func appendKey(buf []byte, subject, policy, tag string) ([]byte, error) {
-	n := len("rl:{}::") + len(subject) + len(policy) + len(tag)
+// appendKey appends "rl:{subject value}:policy:tag" (stateKey, shareKey;
+// the subject's Key in two parts, subject then value) with its length in
+// two bytes.
+func appendKey(buf []byte, subject, value, policy, tag string) ([]byte, error) {
+	n := len("rl:{}::") + len(subject) + len(value) + len(policy) + len(tag)
 	if n > maxKeyLen {
-		return buf, fmt.Errorf("limiter: redis store: key of %d bytes for subject %q, at most %d", n, subject, maxKeyLen)
+		return buf, fmt.Errorf("limiter: redis store: key of %d bytes for subject %q, at most %d", n, subject+value, maxKeyLen)
 	}
 	buf = binary.BigEndian.AppendUint16(buf, uint16(n))
 	buf = append(buf, "rl:{"...)
 	buf = append(buf, subject...)
+	buf = append(buf, value...)
 	buf = append(buf, "}:"...)
 	buf = append(buf, policy...)
 	buf = append(buf, ':')
@@ -420,6 +430,23 @@ var (
 	errBeforeWrite  = errors.New("script failed before writing, nothing written")
 	errWhileWriting = errors.New("script failed while writing")
 )
+
+// scriptValues is the reply of a decision script call (script.lua): one
+// string of signed big-endian 8-byte integers, as one slice.
+func scriptValues(cmd *redis.Cmd) ([]int64, error) {
+	s, err := cmd.Text()
+	if err != nil {
+		return nil, err
+	}
+	if len(s)%8 != 0 {
+		return nil, fmt.Errorf("script returned %d bytes, not a multiple of 8", len(s))
+	}
+	v := make([]int64, len(s)/8)
+	for i := range v {
+		v[i] = int64(binary.BigEndian.Uint64([]byte(s[8*i : 8*i+8])))
+	}
+	return v, nil
+}
 
 // parseReply splits a script call's reply (script.lua) into the parts of
 // its requests, nvals[i] values after the status of request i, into

@@ -31,17 +31,19 @@
 -- of another node fails in its first phase, which only reads, so nothing
 -- of it is written, and its status says so (-1) for the caller to decide
 -- it again on its own.
--- Returns {now (µs) of the first request, then per request: status (1
+-- Returns one string of signed big-endian 8-byte integers (one bulk reply:
+-- Redis encodes, and the client parses, one value instead of a dozen per
+-- request): now (µs) of the first request, then per request: status (1
 -- allowed, 0 rejected; -1 a key of another node and -2 another error,
 -- both before anything was written; -3 an error while writing), and
 -- unless the status is negative, per op: admit, remaining,
--- reset_ms, retry_ms, delay_ms, and when keep is 1 five refund values}.
+-- reset_ms, retry_ms, delay_ms, and when keep is 1 five refund values.
 -- The refund values say what an op wrote, for refund.lua (zeros when it
 -- wrote nothing): buckets the two 6-byte halves of the state written, the
 -- rate, and the halves of the state overwritten; fixed windows, replicated
 -- windows and sliding counters the window start; sliding logs the entry's
 -- time (ms).
-local ceil, floor, call, tonumber, unpack = math.ceil, math.floor, redis.call, tonumber, struct.unpack
+local ceil, floor, call, tonumber, unpack, pack = math.ceil, math.floor, redis.call, tonumber, struct.unpack, struct.pack
 local NANO = 1000000000
 local NANO_PER_MILLI = 1000000
 -- Bucket bounds (policy.go: MaxRatePerSec, MaxBurst in milli-units) and
@@ -101,7 +103,7 @@ local DRATE = {} -- buckets: the policy's own rate, for reset at rate 0
 -- whether it reports overwritten states, and whether it is allowed.
 local req, nowus, now, n, keepPrev, allowed
 local servertime
-local out = {0}
+local out, no = {''}, 1 -- the reply's parts (see the header), no: how many
 
 -- read: the first phase of one request. It parses the request, reads the
 -- state of every op and decides each; it writes nothing.
@@ -407,17 +409,11 @@ local function write()
         ra = a
       end
     end
-    out[#out + 1] = adm
-    out[#out + 1] = remaining
-    out[#out + 1] = reset
-    out[#out + 1] = retry
-    out[#out + 1] = delay
+    no = no + 1
     if keepPrev then
-      out[#out + 1] = ra
-      out[#out + 1] = rb
-      out[#out + 1] = rc
-      out[#out + 1] = rd
-      out[#out + 1] = re
+      out[no] = pack('>i8i8i8i8i8i8i8i8i8i8', adm, remaining, reset, retry, delay, ra, rb, rc, rd, re)
+    else
+      out[no] = pack('>i8i8i8i8i8', adm, remaining, reset, retry, delay)
     end
   end
 end
@@ -436,18 +432,20 @@ end
 local R = #ARGV
 for r = 1, R do
   req = ARGV[r]
-  local mark = #out
+  no = no + 1
+  local mark = no
   local ok, e = pcall(read)
   if not ok then
-    out[mark + 1] = failed(e, false)
+    out[mark] = pack('>i8', failed(e, false))
   else
-    out[mark + 1] = allowed
+    out[mark] = pack('>i8', allowed)
     ok, e = pcall(write)
     if not ok then
-      for j = #out, mark + 2, -1 do out[j] = nil end
-      out[mark + 1] = failed(e, true)
+      for j = no, mark + 1, -1 do out[j] = nil end
+      no = mark
+      out[mark] = pack('>i8', failed(e, true))
     end
   end
-  if r == 1 then out[1] = nowus or 0 end
+  if r == 1 then out[1] = pack('>i8', nowus or 0) end
 end
-return out
+return table.concat(out, '', 1, no)

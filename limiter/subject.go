@@ -25,6 +25,16 @@ type Subject struct {
 // contains '{' or '}', so it can sit inside a Redis Cluster hash tag: every
 // key of one subject lands in the same slot whatever bytes the value holds.
 func (s Subject) Key() string {
+	if prefix, plain := s.keyPrefix(); plain {
+		return prefix + s.Value
+	}
+	return s.escapedKey()
+}
+
+// keyPrefix is Key's kind prefix, and whether Key is that prefix and the
+// value as it is (no byte to escape): then a caller can append both
+// without building Key.
+func (s Subject) keyPrefix() (string, bool) {
 	prefix := "?:"
 	switch s.Kind {
 	case SubjectAPIKey:
@@ -38,9 +48,12 @@ func (s Subject) Key() string {
 	case SubjectDescriptor:
 		prefix = "d:"
 	}
-	if !needsEscape(s.Value) {
-		return prefix + s.Value
-	}
+	return prefix, !needsEscape(s.Value)
+}
+
+// escapedKey is Key for a value with bytes to escape.
+func (s Subject) escapedKey() string {
+	prefix, _ := s.keyPrefix()
 	var b strings.Builder
 	b.Grow(len(prefix) + len(s.Value) + 16)
 	b.WriteString(prefix)

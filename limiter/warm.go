@@ -270,10 +270,10 @@ func (c *coldSignal) notify() {
 // forgotten it (NOSCRIPT: a restart, a failover, a flush), sends it with
 // EVAL, which also caches it again, and wakes the Warmer.
 func (s *RedisStore) runScript(ctx context.Context, keys []string, args []any) ([]int64, error) {
-	v, err := evalScript.EvalSha(ctx, s.client, keys, args...).Int64Slice()
+	v, err := scriptValues(evalScript.EvalSha(ctx, s.client, keys, args...))
 	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 		s.cold.notify()
-		v, err = evalScript.Eval(ctx, s.client, keys, args...).Int64Slice()
+		v, err = scriptValues(evalScript.Eval(ctx, s.client, keys, args...))
 	}
 	return v, err
 }
