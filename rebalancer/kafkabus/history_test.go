@@ -36,7 +36,15 @@ func TestPublishedTellsAFirstStartFromARestart(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, found, "a new topic: a first start")
 
-	for region, ago := range map[string]time.Duration{"ap": 200 * time.Second, "us": 30 * time.Second} {
+	// Oldest first, as a topic's records are: the broker finds the first
+	// offset at or after a timestamp, which assumes they grow with the
+	// offset (a map's random order published us before ap now and then,
+	// and ap's older report was then found after us's).
+	for _, r := range []struct {
+		region string
+		ago    time.Duration
+	}{{"ap", 200 * time.Second}, {"us", 30 * time.Second}} {
+		region, ago := r.region, r.ago
 		clock.Set(t0.Add(-ago))
 		e := rebalancer.EpochOf(t0.Add(-ago), epoch) - 1
 		require.NoError(t, a.Publish(ctx, &rebalancer.Report{Region: region, Epoch: e, Seq: e, Started: e - 20}))
