@@ -58,6 +58,9 @@ type Core struct {
 	silM   int64
 	silOn  bool
 	fresh1 []int32 // scratch of Receive: the indices it interned
+	// usageHint is the index of each key of the last usage collected, in
+	// its order (some maybe let go since): see collect.
+	usageHint []int32
 
 	// Lookup cache (performance only; see limit).
 	lcOn   bool // lcID, lcLim, lcRes hold the last limit lookup of this call
@@ -363,7 +366,41 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		c.restart = max(c.restart, m)
 	}
 	c.again = false
-	for _, u := range usage {
+	// The gateways' usage comes in much the same order every epoch (its
+	// layout in the store): the key of the entry after the previous match
+	// in the last epoch's usage is tried first (hint). Keys the Core does
+	// not hold are held in key order, after the others, so that the
+	// indices of keys first seen together follow their order (the loops
+	// over the keys then read the states in order).
+	hint, next := c.usageHint, 0
+	seen := make([]int32, len(usage)) // by entry: the key's index, -1 none
+	var fresh []int
+	for n := range usage {
+		u := &usage[n]
+		i := int32(-1)
+		for d := range 2 {
+			if next+d < len(hint) && c.st[hint[next+d]].held && c.tab.is(hint[next+d], u.Key) {
+				i, next = hint[next+d], next+d+1
+				break
+			}
+		}
+		if i < 0 {
+			j, ok := c.tab.find(u.Key)
+			if !ok || !c.st[j].held {
+				seen[n] = -1
+				fresh = append(fresh, n)
+				continue
+			}
+			i = j
+		}
+		seen[n] = i
+		st := &c.st[i]
+		st.demand = satAdd(st.demand, u.Demand)
+		st.admitted = satAdd(st.admitted, u.Admitted)
+	}
+	slices.SortStableFunc(fresh, func(a, b int) int { return compareKeys(usage[a].Key, usage[b].Key) })
+	for _, n := range fresh {
+		u := &usage[n]
 		i, ok := c.tab.find(u.Key)
 		if !ok || !c.st[i].held {
 			if _, ok := c.limit(u.PolicyID); !ok {
@@ -371,10 +408,12 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 			}
 			i = c.hold(u.Key, m)
 		}
+		seen[n] = i
 		st := &c.st[i]
 		st.demand = satAdd(st.demand, u.Demand)
 		st.admitted = satAdd(st.admitted, u.Admitted)
 	}
+	c.usageHint = slices.DeleteFunc(seen, func(i int32) bool { return i < 0 })
 	warm := c.warm(m)
 	var rep *Report
 	if !warm {
