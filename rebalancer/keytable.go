@@ -9,7 +9,8 @@ import "hash/maphash"
 // Core's representation, not protocol state: nothing decided depends on
 // which index a key has.
 //
-// Lookups hash the key (maphash, a seed per table) into an open-addressing
+// Lookups hash the key (maphash, a random seed per table, which changes
+// only where keys sit in the table, never a result) into an open-addressing
 // table with linear probing, at most half full, whose slots hold the key's
 // index and 32 bits of its hash (so that a probe reads the key only when
 // the hashes match). The only pointers the table holds are the subjects'
