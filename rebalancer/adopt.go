@@ -74,8 +74,7 @@ func (c *Core) Adopt(now time.Time, records []ShareRecord) ([]Update, error) {
 		if !ok {
 			continue
 		}
-		st := c.newKey(e)
-		c.add(Key{PolicyID: c.lcID, Subject: r.Subject}, st)
+		st := &c.st[c.hold(r.Key, e)]
 		short := lim.AboveDefault(r.Share)
 		st.share, st.claim, st.known, st.synced, st.record, st.short = r.Share, r.Share, true, true, true, short
 		// writtenAt as the record's expiry says (record's rule), so it is
@@ -96,15 +95,12 @@ func (c *Core) Adopt(now time.Time, records []ShareRecord) ([]Update, error) {
 		// A record below the default must not expire while claimed (expiry
 		// raises it to the default); a record above it may (it falls).
 		if !short && r.Share != lim.Default() && (r.ExpireAt.IsZero() || r.ExpireAt.Before(EpochStart(e+2, c.cfg.Epoch))) {
-			ups = append(ups, c.record(c.lastKey(), st, lim, r.Share, e-1))
+			ups = append(ups, c.record(r.Key, st, lim, r.Share, e-1))
 		}
 	}
 	c.stats.Updates += int64(len(ups))
 	return ups, nil
 }
-
-// lastKey is the key added last.
-func (c *Core) lastKey() Key { return c.added[len(c.added)-1].key }
 
 // Adopted reports whether the Core started from adopted records.
 func (c *Core) Adopted() bool { return c.adopted }

@@ -2,6 +2,7 @@ package rebalancer
 
 import (
 	"fmt"
+	"iter"
 	"slices"
 	"strings"
 	"time"
@@ -42,56 +43,49 @@ type Core struct {
 	fresh      bool  // StartFresh, not revoked since: no warm-up (fresh.go)
 	restart    int64 // epoch this Core warms up from (firstEpoch, or after a revoked StartFresh)
 
-	keys   map[Key]*keyState
-	order  []entry  // the keys, sorted, as of the last tidy (some maybe gone)
-	added  []entry  // keys added since the last tidy
-	gone   int      // keys of order deleted since the last tidy
-	remote []remote // by region index; remote[self] unused
+	tab    *keyTable  // every key held or mentioned by a stored report, by index (keytable.go)
+	st     []keyState // by key index; valid where held
+	refs   []int32    // by key index: how many stored reports mention the key
+	nheld  int        // keys held
+	order  []int32    // the keys held, sorted, as of the last tidy (some maybe gone)
+	added  []int32    // keys held since the last tidy and not in order
+	gone   int        // keys of order let go since the last tidy
+	remote []remote   // by region index; remote[self] unused
 	stats  Stats
 	in     []shares.RegionInput // scratch, one per region
 	tr     transfers            // asks and gives (transfer.go)
 	sil    []bool               // silentAt by region for epoch silM, while silOn (during a decision)
 	silM   int64
 	silOn  bool
+	fresh1 []int32 // scratch of Receive: the indices it interned
+	// usageHint is the index of each key of the last usage collected, in
+	// its order (some maybe let go since): see collect.
+	usageHint []int32
 
-	// Lookup caches (performance only; see find and limit).
-	stored int64 // stored reports so far: the last one's id
-	passes int64 // indexing passes so far (see index)
-	lcOn   bool  // lcID, lcLim, lcRes hold the last limit lookup of this call
+	// Lookup cache (performance only; see limit).
+	lcOn   bool // lcID, lcLim, lcRes hold the last limit lookup of this call
 	lcID   string
 	lcLim  shares.Limit
-	lcRes  uint8             // 0 found and valid, 1 unknown, 2 invalid
-	ids    map[string]string // one string per valid policy id seen, for the keys
-	lookup bool              // find ignores the hints (tests compare both ways)
+	lcRes  uint8 // 0 found and valid, 1 unknown, 2 invalid
+	lookup bool  // lineOf searches a report's lines instead of its index (tests compare both ways)
 }
 
-// keyState is this region's state for one key.
+// keyState is this region's state for one key, in Core.st at the key's
+// index. It holds no pointer, so the garbage collector does not scan the
+// states.
 type keyState struct {
 	demand, admitted int64        // this epoch's usage so far
 	smoothed         int64        // smoothed demand, milli cost units per second
 	share            shares.Share // enforced now; valid when known
 	claim            shares.Share // the claim of the last report (share when it was published); valid when known
-	known            bool         // share has been set (else it is the default)
 	want             shares.Share // want published in the pending report
+	writtenAt        int64        // epoch of the decision that last wrote it
+	known            bool         // share has been set (else it is the default)
 	synced           bool         // this Core wrote (or knows) the record
 	record           bool         // a record (not the default) is written
-	writtenAt        int64        // epoch of the decision that last wrote it
 	short            bool         // the record is above the default (short lifetime)
-	born             int64        // Core.passes when the state was created
-	gone             bool         // deleted from Core.keys
-	at               []at         // by region index: where the key is in a stored report
-}
-
-// entry is a key and its state, in Core.order.
-type entry struct {
-	key Key
-	st  *keyState
-}
-
-// at says that a key is line j of the stored report with id.
-type at struct {
-	id int64
-	j  int32
+	held             bool         // the Core holds state for the key (else the other fields are unused)
+	listed           bool         // the index is in Core.order or Core.added
 }
 
 // remote is what this region holds from another region.
@@ -100,24 +94,29 @@ type remote struct {
 	heard     bool              // any report received
 	last      int64             // highest epoch received
 	heardSelf int64             // heard[self] in report last; -1 when absent
-	indexed   int64             // id of the region's report indexed last (0: none)
-	indexedAt int64             // Core.passes after that indexing pass
 	row       row               // heard vector of the newest report of the region known (heard.go)
 }
 
-// stored is one received report. Its keys are found through the key
-// states' at hints, or by binary search when sorted, or through index.
+// stored is one received report, reduced to what decisions read: per line
+// the sender's smoothed demand, claim and want, and the line of each key
+// by its index, resolved once when the report is received. It holds no
+// pointer besides its slices' (the garbage collector scans none of them).
 type stored struct {
-	id     int64 // Core.stored when it was stored, > 0
-	seq    int64
-	keys   []KeyReport
-	index  map[Key]int32 // nil when keys are sorted (the senders' form)
-	sorted bool
+	seq   int64
+	lines []line  // the report's key lines, in its order
+	idx   []int32 // by line: the key's index
+	pos   []int32 // by key index: line+1; 0 or past the end: the report does not mention the key
 	// started is the report's Started (0: an older sender); heardMax the
 	// highest epoch its Heard says the sender received from another
 	// region (noEpoch: none). A report with heardMax <= m-K shows its
 	// sender isolated at the decision of m (heard.go, isolated).
 	started, heardMax int64
+}
+
+// line is what a decision reads of one KeyReport.
+type line struct {
+	smoothed    int64        // KeyReport.SmoothedDemandMilli
+	share, want shares.Share // KeyReport.Share and Want
 }
 
 // Stats are cumulative counters of a Core, for metrics.
@@ -221,8 +220,7 @@ func New(cfg Config, policies Policies) (*Core, error) {
 		regions:  regions,
 		index:    make(map[string]int, len(regions)),
 		epochMs:  cfg.Epoch.Milliseconds(),
-		keys:     make(map[Key]*keyState),
-		ids:      map[string]string{},
+		tab:      newKeyTable(),
 		remote:   make([]remote, len(regions)),
 		in:       make([]shares.RegionInput, len(regions)),
 		fallback: true,
@@ -243,13 +241,13 @@ func (c *Core) Config() Config { return c.cfg }
 func (c *Core) Stats() Stats { return c.stats }
 
 // Keys returns how many keys the Core holds state for.
-func (c *Core) Keys() int { return len(c.keys) }
+func (c *Core) Keys() int { return c.nheld }
 
 // Share returns the share this region enforces now for key and whether the
 // Core has a share for it (false: the default applies).
 func (c *Core) Share(k Key) (shares.Share, bool) {
-	st, ok := c.keys[k]
-	if !ok || !st.known {
+	st := c.held(k)
+	if st == nil || !st.known {
 		return shares.Share{}, false
 	}
 	return st.share, true
@@ -368,24 +366,60 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		c.restart = max(c.restart, m)
 	}
 	c.again = false
-	for _, u := range usage {
-		st := c.keys[u.Key]
-		if st == nil {
-			if _, ok := c.limit(u.PolicyID); !ok {
+	// The gateways' usage comes in much the same order every epoch (its
+	// layout in the store): the key of the entry after the previous match
+	// in the last epoch's usage is tried first (hint). Keys the Core does
+	// not hold are held in key order, after the others, so that the
+	// indices of keys first seen together follow their order (the loops
+	// over the keys then read the states in order).
+	hint, next := c.usageHint, 0
+	seen := make([]int32, len(usage)) // by entry: the key's index, -1 none
+	var fresh []int
+	for n := range usage {
+		u := &usage[n]
+		i := int32(-1)
+		for d := range 2 {
+			if next+d < len(hint) && c.st[hint[next+d]].held && c.tab.is(hint[next+d], u.Key) {
+				i, next = hint[next+d], next+d+1
+				break
+			}
+		}
+		if i < 0 {
+			j, ok := c.tab.find(u.Key)
+			if !ok || !c.st[j].held {
+				seen[n] = -1
+				fresh = append(fresh, n)
 				continue
 			}
-			st = c.newKey(m)
-			c.add(Key{PolicyID: c.lcID, Subject: u.Subject}, st) // one string per policy
+			i = j
 		}
+		seen[n] = i
+		st := &c.st[i]
 		st.demand = satAdd(st.demand, u.Demand)
 		st.admitted = satAdd(st.admitted, u.Admitted)
 	}
+	slices.SortStableFunc(fresh, func(a, b int) int { return compareKeys(usage[a].Key, usage[b].Key) })
+	for _, n := range fresh {
+		u := &usage[n]
+		i, ok := c.tab.find(u.Key)
+		if !ok || !c.st[i].held {
+			if _, ok := c.limit(u.PolicyID); !ok {
+				continue
+			}
+			i = c.hold(u.Key, m)
+		}
+		seen[n] = i
+		st := &c.st[i]
+		st.demand = satAdd(st.demand, u.Demand)
+		st.admitted = satAdd(st.admitted, u.Admitted)
+	}
+	c.usageHint = slices.DeleteFunc(seen, func(i int32) bool { return i < 0 })
 	warm := c.warm(m)
 	var rep *Report
 	if !warm {
 		// Sized for every key: most keys held are reported, and growing
 		// a million-line slice by appending cost a fifth of Collect.
-		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m, Started: c.firstEpoch, Relay: c.relay(), Keys: make([]KeyReport, 0, len(c.keys))}
+		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m, Started: c.firstEpoch, Relay: c.relay(), Keys: make([]KeyReport, 0, c.nheld)}
 		for i, r := range c.regions {
 			if i == c.self {
 				rep.Heard = append(rep.Heard, Heard{Region: r, Epoch: m})
@@ -395,8 +429,8 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		}
 	}
 	// In key order, so that the report and the updates come out sorted.
-	for _, e := range c.tidy() {
-		k, st := e.key, e.st
+	for _, i := range c.tidy() {
+		k, st := c.tab.key(i), &c.st[i]
 		rate := min(shares.MulDiv(st.demand, 1_000_000, c.epochMs), 1<<60)
 		prev := st.smoothed
 		switch {
@@ -447,7 +481,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		// default, which is its share then).
 		st.claim = st.share
 		if !warm && !c.fallback {
-			if w, err := c.cfg.Shares.Want(lim, c.self, c.inputs(k, st, lim, m, true)); err == nil {
+			if w, err := c.cfg.Shares.Want(lim, c.self, c.inputs(i, st, lim, m, true)); err == nil {
 				st.want = w
 			}
 		}
@@ -496,8 +530,9 @@ func (c *Core) ReceiveAt(now time.Time, r *Report) (Receipt, error) {
 }
 
 // Receive stores a report from the bus. Duplicates, conflicting resends and
-// stale reports change nothing (see Receipt). The Core keeps r.Keys: the
-// caller must not modify them afterwards. Receive does not check the
+// stale reports change nothing (see Receipt). The Core keeps nothing of r
+// but copies of what its decisions read (and the keys' strings, which
+// cannot change): the caller may reuse r. Receive does not check the
 // report's epoch against a clock: drivers use ReceiveAt.
 //
 // Errors wrap ErrReport and say what is malformed (unknown region, negative
@@ -529,58 +564,83 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 		c.stats.Conflicts++
 		return Conflict, nil
 	}
-	var index map[Key]int32 // only for reports whose keys are not sorted
-	sorted := true
+	// Validate the lines in order and intern their keys (a key's index is
+	// resolved once, here); the first malformed line, or the first line
+	// whose key came before, is the error. A region's reports list much
+	// the same keys in the same order: the key of the line after the
+	// previous match in its latest stored report is tried first.
+	c.fresh1 = c.fresh1[:0]
+	idx := make([]int32, 0, len(r.Keys))
+	var bad error
+	prev, next := q.reports[q.last], 0
 	for i := range r.Keys {
 		k := &r.Keys[i]
 		switch {
 		case k.PolicyID == "":
-			return 0, fmt.Errorf("%w: region %s epoch %d key %d: PolicyID is empty", ErrReport, r.Region, r.Epoch, i)
+			bad = fmt.Errorf("%w: region %s epoch %d key %d: PolicyID is empty", ErrReport, r.Region, r.Epoch, i)
 		case k.Demand < 0 || k.Admitted < 0 || k.SmoothedDemandMilli < 0:
-			return 0, fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Demand, Admitted or SmoothedDemandMilli", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+			bad = fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Demand, Admitted or SmoothedDemandMilli", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
 		case k.Share.RateMilli < 0 || k.Share.BurstMilli < 0:
-			return 0, fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Share", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+			bad = fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Share", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
 		case k.Want.RateMilli < 0 || k.Want.BurstMilli < 0:
-			return 0, fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Want", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+			bad = fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Want", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
 		}
-		if sorted && i > 0 {
-			switch c := compareKeys(r.Keys[i-1].Key, k.Key); {
-			case c == 0:
-				return 0, fmt.Errorf("%w: region %s epoch %d: key %s/%s twice", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
-			case c > 0:
-				sorted = false
-				index = make(map[Key]int32, len(r.Keys))
-				for j := range r.Keys[:i] {
-					index[r.Keys[j].Key] = int32(j)
-				}
+		if bad != nil {
+			break
+		}
+		var j int32
+		if prev != nil && next < len(prev.idx) && c.tab.is(prev.idx[next], k.Key) {
+			j = prev.idx[next]
+			next++
+		} else {
+			var added bool
+			if j, added = c.tab.intern(k.Key); added {
+				c.fresh1 = append(c.fresh1, j)
+			} else if prev != nil && int(j) < len(prev.pos) && prev.pos[j] > 0 {
+				next = int(prev.pos[j])
 			}
 		}
-		if !sorted {
-			if _, dup := index[k.Key]; dup {
-				return 0, fmt.Errorf("%w: region %s epoch %d: key %s/%s twice", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
-			}
-			index[k.Key] = int32(i)
-		}
+		idx = append(idx, j)
 	}
-	if err := checkRelay(r); err != nil {
-		return 0, err
+	c.grow()
+	pos := make([]int32, c.tab.size())
+	for l, j := range idx {
+		if pos[j] != 0 {
+			k := &r.Keys[l]
+			bad = fmt.Errorf("%w: region %s epoch %d: key %s/%s twice", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+			break
+		}
+		pos[j] = int32(l) + 1
+	}
+	if bad == nil {
+		bad = checkRelay(r)
+	}
+	if bad != nil {
+		c.releaseFresh()
+		return 0, bad
 	}
 	if c.started && r.Epoch <= c.decided && q.heard && r.Epoch < q.last {
 		// Too old for the shares, but what it says of who hears whom may
 		// be news (rows only move forward).
+		c.releaseFresh()
 		c.learn(qi, r)
 		c.stats.Stale++
 		return Stale, nil
 	}
 	c.learn(qi, r)
-	c.stored++
 	heardMax := int64(noEpoch)
 	for _, h := range r.Heard {
 		if h.Region != r.Region {
 			heardMax = max(heardMax, h.Epoch)
 		}
 	}
-	q.reports[r.Epoch] = &stored{id: c.stored, seq: r.Seq, keys: r.Keys, index: index, sorted: sorted, started: r.Started, heardMax: heardMax}
+	lines := make([]line, len(r.Keys))
+	for l := range r.Keys {
+		k := &r.Keys[l]
+		lines[l] = line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want}
+		c.refs[idx[l]]++
+	}
+	q.reports[r.Epoch] = &stored{seq: r.Seq, lines: lines, idx: idx, pos: pos, started: r.Started, heardMax: heardMax}
 	if !q.heard || r.Epoch > q.last {
 		q.heard, q.last, q.heardSelf = true, r.Epoch, -1
 		for _, h := range r.Heard {
@@ -702,8 +762,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		d.Silent = append(d.Silent, c.regions[i])
 	}
 	// Keys that other regions reported for this epoch (or last, for a
-	// region missing from the view) and this region has no state for;
-	// index the reports on the way.
+	// region missing from the view) and this region has no state for.
 	for i := range c.regions {
 		if i == c.self {
 			continue
@@ -712,27 +771,22 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		if s == nil {
 			continue
 		}
-		for j := range s.keys {
-			k := s.keys[j].Key
-			st, ok := c.keys[k]
-			if !ok {
-				if _, ok := c.limit(k.PolicyID); !ok {
-					continue
-				}
-				st = c.newKey(m)
-				c.add(Key{PolicyID: c.lcID, Subject: k.Subject}, st) // one string per policy
+		for _, j := range s.idx {
+			if c.st[j].held {
+				continue
 			}
-			st.at[i] = at{id: s.id, j: int32(j)}
+			if _, ok := c.limit(c.tab.policy(j)); !ok {
+				continue
+			}
+			c.holdIndex(j, m)
 		}
-		c.passes++
-		c.remote[i].indexed, c.remote[i].indexedAt = s.id, c.passes
 	}
 	// In key order, so that the updates come out sorted.
-	for _, e := range c.tidy() {
-		key, st := e.key, e.st
+	for _, j := range c.tidy() {
+		key, st := c.tab.key(j), &c.st[j]
 		lim, ok := c.keyLimit(key, now)
 		if !ok {
-			c.remove(key, st)
+			c.remove(j)
 			continue
 		}
 		if !st.known {
@@ -740,7 +794,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		} else if st.synced && !st.record {
 			st.share = lim.Default() // package doc, Policies
 		}
-		in := c.inputs(key, st, lim, m, false)
+		in := c.inputs(j, st, lim, m, false)
 		d.Keys++
 		mode := d.Mode
 		if mode != shares.Fallback && (len(silentIdx) > 0 && (!complete || overCommitted(lim, in)) ||
@@ -786,7 +840,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			st.share = next
 		}
 		if st.share == def && !st.record && st.smoothed == 0 && st.demand == 0 && st.synced {
-			c.remove(key, st) // idle at the default: no state needed
+			c.remove(j) // idle at the default: no state needed
 		}
 	}
 	// Keep, per region, the reports of later epochs and the latest one
@@ -795,6 +849,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		q := &c.remote[i]
 		for e := range q.reports {
 			if (e < m || e == m && !c.again) && e != q.last {
+				c.drop(q.reports[e])
 				delete(q.reports, e)
 			}
 		}
@@ -863,9 +918,10 @@ func (c *Core) reportFor(i int, m int64) *stored {
 	return q.reports[q.last]
 }
 
-// inputs fills the scratch view of key for epoch m. latest uses every
-// region's latest report (for the want published at Collect).
-func (c *Core) inputs(key Key, st *keyState, lim shares.Limit, m int64, latest bool) []shares.RegionInput {
+// inputs fills the scratch view of the key of index j (whose state is st)
+// for epoch m. latest uses every region's latest report (for the want
+// published at Collect).
+func (c *Core) inputs(j int32, st *keyState, lim shares.Limit, m int64, latest bool) []shares.RegionInput {
 	in := c.in
 	def := lim.Default()
 	for i := range c.regions {
@@ -889,9 +945,8 @@ func (c *Core) inputs(key Key, st *keyState, lim shares.Limit, m int64, latest b
 			in[i] = shares.RegionInput{Silent: true}
 			continue
 		}
-		if j := c.find(i, s, key, st); j >= 0 {
-			kr := &s.keys[j]
-			in[i] = shares.RegionInput{DemandMilli: kr.SmoothedDemandMilli, Claim: clamp(kr.Share, lim), Want: clamp(kr.Want, lim)}
+		if l := c.lineOf(s, j); l != nil {
+			in[i] = shares.RegionInput{DemandMilli: l.smoothed, Claim: clamp(l.share, lim), Want: clamp(l.want, lim)}
 		} else {
 			in[i] = shares.RegionInput{Claim: def}
 		}
@@ -899,67 +954,152 @@ func (c *Core) inputs(key Key, st *keyState, lim shares.Limit, m int64, latest b
 	return in
 }
 
-// add adds a key's state.
-func (c *Core) add(k Key, st *keyState) {
-	c.keys[k] = st
-	c.added = append(c.added, entry{key: k, st: st})
+// lineOf returns the line of the key of index j in s, or nil when s does
+// not mention it: from s's index of lines by key index, or (c.lookup, in
+// tests) by searching its lines.
+func (c *Core) lineOf(s *stored, j int32) *line {
+	if c.lookup {
+		if l := slices.Index(s.idx, j); l >= 0 {
+			return &s.lines[l]
+		}
+		return nil
+	}
+	if int(j) < len(s.pos) {
+		if l := s.pos[j]; l > 0 {
+			return &s.lines[l-1]
+		}
+	}
+	return nil
 }
 
-// remove deletes a key's state.
-func (c *Core) remove(k Key, st *keyState) {
-	delete(c.keys, k)
-	st.gone = true
+// held returns the state of key k, or nil when the Core holds none. The
+// pointer is valid until a key is next held.
+func (c *Core) held(k Key) *keyState {
+	j, ok := c.tab.find(k)
+	if !ok || !c.st[j].held {
+		return nil
+	}
+	return &c.st[j]
+}
+
+// all yields every key held and its state.
+func (c *Core) all() iter.Seq2[Key, *keyState] {
+	return func(yield func(Key, *keyState) bool) {
+		for j := range c.st {
+			if st := &c.st[j]; st.held && !yield(c.tab.key(int32(j)), st) {
+				return
+			}
+		}
+	}
+}
+
+// grow sizes the per-index slices for every index of the key table.
+func (c *Core) grow() {
+	n := c.tab.size()
+	if old := len(c.st); n > old {
+		c.st = slices.Grow(c.st, n-old)[:n]
+		clear(c.st[old:])
+	}
+	if old := len(c.refs); n > old {
+		c.refs = slices.Grow(c.refs, n-old)[:n]
+		clear(c.refs[old:])
+	}
+}
+
+// hold makes the Core hold state for key k, first seen at epoch m (it
+// holds none), and returns its index.
+func (c *Core) hold(k Key, m int64) int32 {
+	j, _ := c.tab.intern(k)
+	c.grow()
+	c.holdIndex(j, m)
+	return j
+}
+
+// holdIndex makes the Core hold state for the key of index j, first seen
+// at epoch m (it holds none). A record a previous coordinator wrote may
+// exist until IdleTTLEpochs after this Core started; until then the first
+// decision writes the key even if unchanged. An adopted Core read every
+// record: a key it has no state for has none.
+func (c *Core) holdIndex(j int32, m int64) {
+	synced := c.adopted || c.started && m >= c.restart+c.cfg.IdleTTLEpochs
+	listed := c.st[j].listed
+	c.st[j] = keyState{synced: synced, held: true, listed: true}
+	if !listed {
+		c.added = append(c.added, j)
+	}
+	c.nheld++
+}
+
+// remove lets the state of the key of index j go.
+func (c *Core) remove(j int32) {
+	c.st[j] = keyState{listed: c.st[j].listed}
+	c.nheld--
 	c.gone++
 }
 
-// tidy returns every key and its state, sorted by key: the last order
-// without the keys removed since, merged with the keys added since.
-func (c *Core) tidy() []entry {
+// drop forgets a stored report that is deleted: a key no longer mentioned
+// by any report and not held loses its index.
+func (c *Core) drop(s *stored) {
+	for _, j := range s.idx {
+		if c.refs[j]--; c.refs[j] == 0 {
+			c.release(j)
+		}
+	}
+}
+
+// release gives the index j back to the key table when nothing uses it:
+// no state held, not listed in the order, no stored report mentions it.
+func (c *Core) release(j int32) {
+	if st := &c.st[j]; !st.held && !st.listed && c.refs[j] == 0 {
+		c.tab.release(j)
+	}
+}
+
+// releaseFresh releases the indices Receive interned for a report it did
+// not store.
+func (c *Core) releaseFresh() {
+	for _, j := range c.fresh1 {
+		c.release(j)
+	}
+	c.fresh1 = c.fresh1[:0]
+}
+
+// tidy returns the index of every key held, sorted by key: the last order
+// without the keys let go since, merged with the keys held since.
+func (c *Core) tidy() []int32 {
 	if len(c.added) == 0 && c.gone == 0 {
 		return c.order
 	}
-	cmpEntry := func(a, b entry) int { return compareKeys(a.key, b.key) }
-	c.added = slices.DeleteFunc(c.added, func(e entry) bool { return e.st.gone })
-	slices.SortFunc(c.added, cmpEntry)
-	out := make([]entry, 0, len(c.order)+len(c.added))
+	cmp := func(a, b int32) int { return compareKeys(c.tab.key(a), c.tab.key(b)) }
+	var dropped []int32
+	c.added = slices.DeleteFunc(c.added, func(j int32) bool {
+		if !c.st[j].held {
+			dropped = append(dropped, j)
+			return true
+		}
+		return false
+	})
+	slices.SortFunc(c.added, cmp)
+	out := make([]int32, 0, len(c.order)+len(c.added))
 	i := 0
-	for _, e := range c.order {
-		if e.st.gone {
+	for _, j := range c.order {
+		if !c.st[j].held {
+			dropped = append(dropped, j)
 			continue
 		}
-		for i < len(c.added) && cmpEntry(c.added[i], e) < 0 {
+		for i < len(c.added) && cmp(c.added[i], j) < 0 {
 			out = append(out, c.added[i])
 			i++
 		}
-		out = append(out, e)
+		out = append(out, j)
 	}
 	out = append(out, c.added[i:]...)
 	c.order, c.added, c.gone = out, c.added[:0], 0
+	for _, j := range dropped {
+		c.st[j].listed = false
+		c.release(j)
+	}
 	return c.order
-}
-
-// find returns the line of key (whose state is st) in s, region i's
-// stored report, or -1 when s does not mention it: from st's hint, when
-// s is the region's report indexed last and st is older than that pass
-// (every key of s then got a hint), or by lookup.
-func (c *Core) find(i int, s *stored, key Key, st *keyState) int32 {
-	if h := st.at[i]; h.id == s.id && !c.lookup {
-		return h.j
-	}
-	if q := &c.remote[i]; q.indexed == s.id && st.born < q.indexedAt && !c.lookup {
-		return -1
-	}
-	if !s.sorted {
-		if j, ok := s.index[key]; ok {
-			return j
-		}
-		return -1
-	}
-	j, ok := slices.BinarySearchFunc(s.keys, key, func(kr KeyReport, k Key) int { return compareKeys(kr.Key, k) })
-	if !ok {
-		return -1
-	}
-	return int32(j)
 }
 
 // compareKeys orders keys by PolicyID, then Subject (a Report's order).
@@ -978,9 +1118,7 @@ func clamp(s shares.Share, lim shares.Limit) shares.Share {
 
 // limit looks up a policy and checks it fits this deployment, counting
 // misses. Within one Collect or decision (lcOn), the last policy's answer
-// is reused: keys come in runs of one policy. c.lcID is then the one
-// string the Core keeps for that policy id (when valid), which new keys
-// take, so that comparing their ids is comparing pointers.
+// is reused: keys come in runs of one policy.
 func (c *Core) limit(policyID string) (shares.Limit, bool) {
 	if !c.lcOn || policyID != c.lcID {
 		c.lcOn, c.lcID, c.lcLim, c.lcRes = true, policyID, shares.Limit{}, 0
@@ -992,11 +1130,6 @@ func (c *Core) limit(policyID string) (shares.Limit, bool) {
 			c.lcRes = 2
 		default:
 			c.lcLim = lim
-			if id, ok := c.ids[policyID]; ok {
-				c.lcID = id
-			} else {
-				c.ids[policyID] = policyID
-			}
 		}
 	}
 	switch c.lcRes {
@@ -1027,15 +1160,6 @@ func (c *Core) keyLimit(k Key, now time.Time) (shares.Limit, bool) {
 		c.stats.InvalidPolicy++
 	}
 	return lim, true
-}
-
-// newKey returns the state of a key first seen at epoch m. A record a
-// previous coordinator wrote may exist until IdleTTLEpochs after this Core
-// started; until then the first decision writes the key even if unchanged.
-// An adopted Core read every record: a key it has no state for has none.
-func (c *Core) newKey(m int64) *keyState {
-	synced := c.adopted || c.started && m >= c.restart+c.cfg.IdleTTLEpochs
-	return &keyState{synced: synced, born: c.passes, at: make([]at, len(c.regions))}
 }
 
 // warm reports whether epoch m is in this Core's warm-up.

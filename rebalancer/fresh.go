@@ -71,7 +71,7 @@ func (c *Core) receiveOwn(r *Report) {
 	// one: it publishes and writes nothing for WarmupEpochs, and then
 	// claims the default for every key and writes each once.
 	c.restart = max(c.published, r.Epoch) + 1
-	for _, st := range c.keys {
+	for _, st := range c.all() {
 		st.known, st.synced = false, false
 	}
 }

@@ -90,20 +90,20 @@ func TestGiveRefusalReasons(t *testing.T) {
 		}, RefusedGivenHere},
 		{"unknown policy", func(_ *testing.T, p *tpair) (*Core, *Give) { return p.b, gift(p, 1, other) }, RefusedUnknownPolicy},
 		{"no room", func(_ *testing.T, p *tpair) (*Core, *Give) {
-			p.b.keys[hot].share = shares.Share{RateMilli: xlim.RateMilli, BurstMilli: xlim.BurstMilli}
+			p.b.held(hot).share = shares.Share{RateMilli: xlim.RateMilli, BurstMilli: xlim.BurstMilli}
 			return p.b, gift(p, 1, hot)
 		}, RefusedNoRoom},
 		{"no keys", func(_ *testing.T, p *tpair) (*Core, *Give) { return p.b, gift(p, 1) }, RefusedNoRoom},
 		{"most keys' cause", func(_ *testing.T, p *tpair) (*Core, *Give) {
 			// Two keys with nothing to raise (one at its limit, one given
 			// nothing), one of an unknown policy.
-			p.b.keys[hot].share = shares.Share{RateMilli: xlim.RateMilli, BurstMilli: xlim.BurstMilli}
+			p.b.held(hot).share = shares.Share{RateMilli: xlim.RateMilli, BurstMilli: xlim.BurstMilli}
 			g := gift(p, 1, other, hot)
 			g.Keys = append(g.Keys, GiveKey{Key: Key{PolicyID: "api", Subject: "acct-2"}})
 			return p.b, g
 		}, RefusedNoRoom},
 		{"a tie of causes", func(_ *testing.T, p *tpair) (*Core, *Give) {
-			p.b.keys[hot].share = shares.Share{RateMilli: xlim.RateMilli, BurstMilli: xlim.BurstMilli}
+			p.b.held(hot).share = shares.Share{RateMilli: xlim.RateMilli, BurstMilli: xlim.BurstMilli}
 			return p.b, gift(p, 1, other, hot)
 		}, RefusedUnknownPolicy},
 	} {

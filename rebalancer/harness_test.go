@@ -360,20 +360,20 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 				}
 			}
 			before := map[Key]int64{}
-			for k, st := range h.core.keys {
+			for k, st := range h.core.all() {
 				before[k] = st.smoothed
 			}
 			pub, err = h.core.CollectIncomplete(end, thin)
 			require.NoError(c.t, err)
 			require.Empty(c.t, pub.Updates, "region %s epoch %d: an incomplete epoch gives up no share at collection", h.name, e)
 			for k, prev := range before {
-				if st, ok := h.core.keys[k]; ok {
+				if st := h.core.held(k); st != nil {
 					require.GreaterOrEqual(c.t, st.smoothed, prev, "region %s epoch %d key %v: an incomplete epoch lowered the smoothed demand", h.name, e, k)
 				}
 			}
 			if pub.Report != nil {
 				for _, kr := range pub.Report.Keys {
-					st := h.core.keys[kr.Key]
+					st := h.core.held(kr.Key)
 					require.Equal(c.t, st.share, kr.Share, "region %s epoch %d key %v: the report claims what is enforced", h.name, e, kr.Key)
 				}
 			}

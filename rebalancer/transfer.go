@@ -291,15 +291,15 @@ func lowerUnmix(s shares.Share, lim shares.Limit) shares.Share {
 
 // keyFor returns key's state, created at the default share when the Core
 // has none, and its limit; false when the policy is unknown or invalid.
+// The state is valid until a key is next held.
 func (c *Core) keyFor(k Key, now time.Time) (*keyState, shares.Limit, bool) {
 	lim, ok := c.keyLimit(k, now)
 	if !ok {
 		return nil, lim, false
 	}
-	st := c.keys[k]
+	st := c.held(k)
 	if st == nil {
-		st = c.newKey(c.published)
-		c.add(Key{PolicyID: c.lcID, Subject: k.Subject}, st)
+		st = &c.st[c.hold(k, c.published)]
 	}
 	if !st.known {
 		st.share, st.claim, st.known = lim.Default(), lim.Default(), true
@@ -356,7 +356,7 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 			continue
 		}
 		share := lim.Default()
-		if st := c.keys[p.Key]; st != nil && st.known && !(st.synced && !st.record) {
+		if st := c.held(p.Key); st != nil && st.known && !(st.synced && !st.record) {
 			share = st.share
 		}
 		lo := max(p.DemandMilli-askNoise(p.DemandMilli), 0)

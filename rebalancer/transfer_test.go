@@ -210,7 +210,7 @@ func TestDuplicateGiveRefused(t *testing.T) {
 	assert.Equal(t, int64(1), p.b.Stats().Refused)
 
 	// A duplicated ask is answered once (a has spare again).
-	p.a.keys[hot].share = shares.Share{RateMilli: 60_000, BurstMilli: 120_000}
+	p.a.held(hot).share = shares.Share{RateMilli: 60_000, BurstMilli: 120_000}
 	ask := &Ask{Region: "b", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 1000, BurstMilli: 2000}}}}
 	before := share(p.a, hot)
 	ups, g2, err := p.a.ReceiveAsk(now.Add(100*time.Millisecond), ask, nil)
@@ -255,7 +255,7 @@ func TestTransfersRefusedInFallback(t *testing.T) {
 	assert.Equal(t, int64(1), p.b.Stats().Refused)
 
 	// And gives nothing, even with spare.
-	p.b.keys[hot].share = shares.Share{RateMilli: 40_000, BurstMilli: 80_000}
+	p.b.held(hot).share = shares.Share{RateMilli: 40_000, BurstMilli: 80_000}
 	ask := &Ask{Region: "a", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 10_000, BurstMilli: 20_000}}}}
 	ups, give, err := p.b.ReceiveAsk(now, ask, nil)
 	require.NoError(t, err)
@@ -314,7 +314,7 @@ func TestNoCascades(t *testing.T) {
 	_, err := p.b.ReceiveGive(now, give)
 	require.NoError(t, err)
 	// b accepted hot this period: it gives none of it, even with spare.
-	p.b.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
+	p.b.held(hot).share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
 	ask := &Ask{Region: "a", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 10_000, BurstMilli: 20_000}}}}
 	ups, g, err := p.b.ReceiveAsk(now, ask, nil)
 	require.NoError(t, err)
@@ -340,7 +340,7 @@ func TestTransfersNeverMixShares(t *testing.T) {
 	t.Run("giver keeps the part that would mix", func(t *testing.T) {
 		p := newTransferPair(t)
 		// Above the default in both, with little burst to spare.
-		p.a.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 101_000}
+		p.a.held(hot).share = shares.Share{RateMilli: 90_000, BurstMilli: 101_000}
 		ask := &Ask{Region: "b", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 20_000, BurstMilli: 40_000}}}}
 		ups, g, err := p.a.ReceiveAsk(p.now(), ask, nil)
 		require.NoError(t, err)
@@ -352,7 +352,7 @@ func TestTransfersNeverMixShares(t *testing.T) {
 	})
 	t.Run("receiver drops the part that would mix", func(t *testing.T) {
 		p := newTransferPair(t)
-		p.b.keys[hot].share = shares.Share{RateMilli: 45_000, BurstMilli: 60_000}
+		p.b.held(hot).share = shares.Share{RateMilli: 45_000, BurstMilli: 60_000}
 		g := &Give{From: "a", To: "b", ID: 1, Transfer: p.m + 1, Keys: []GiveKey{{Key: hot, Amount: shares.Share{RateMilli: 10_000, BurstMilli: 20_000}}}}
 		ups, err := p.b.ReceiveGive(p.now(), g)
 		require.NoError(t, err)
@@ -366,7 +366,7 @@ func TestTransfersNeverMixShares(t *testing.T) {
 		// and above in burst.
 		p := newTransferPair(t)
 		p.collect(80_000, 0)
-		p.a.keys[hot].share.RateMilli -= 60_000 // as if a gave it
+		p.a.held(hot).share.RateMilli -= 60_000 // as if a gave it
 		p.a.xkey(hot).given = shares.Share{RateMilli: 60_000}
 		p.decide()
 		s := share(p.b, hot)
@@ -477,7 +477,7 @@ func TestGiverKeepsANoiseMarginOnTheFirstAsk(t *testing.T) {
 	t.Run("a count of zero", func(t *testing.T) {
 		p := newTransferPair(t)
 		now := p.now()
-		p.a.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
+		p.a.held(hot).share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
 		g := askFor(p, now, 90_000, nil)
 		require.NotNil(t, g)
 		assert.Equal(t, int64(87_000), g.Keys[0].Amount.RateMilli)
@@ -488,7 +488,7 @@ func TestGiverKeepsANoiseMarginOnTheFirstAsk(t *testing.T) {
 	})
 	t.Run("a count of two", func(t *testing.T) {
 		p := newTransferPair(t)
-		p.a.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
+		p.a.held(hot).share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
 		g := askFor(p, p.now(), 90_000, []Pressure{{Key: hot, DemandMilli: 2_000}})
 		require.NotNil(t, g)
 		assert.Equal(t, int64(5_000), share(p.a, hot).RateMilli, "the count plus three requests, above its headroom (2.5/s)")
@@ -496,7 +496,7 @@ func TestGiverKeepsANoiseMarginOnTheFirstAsk(t *testing.T) {
 	t.Run("a later ask starts over", func(t *testing.T) {
 		p := newTransferPair(t)
 		now := p.now()
-		p.a.keys[hot].share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
+		p.a.held(hot).share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
 		require.NotNil(t, askFor(p, now, 80_000, nil))
 		require.Equal(t, int64(10_000), share(p.a, hot).RateMilli)
 		require.NotNil(t, askFor(p, now.Add(2*time.Second+time.Millisecond), 80_000, nil))

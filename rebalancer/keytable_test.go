@@ -1,0 +1,98 @@
+package rebalancer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestKeyTableAgainstMap: random interns and releases (enough to grow the
+// table several times and to wrap probe runs around its end) find exactly
+// the keys a map holds, each at the index it was given, and a released
+// index is given again before a new one.
+func TestKeyTableAgainstMap(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 11))
+			tab := newKeyTable()
+			ref := map[Key]int32{}
+			free := 0
+			key := func() Key {
+				return Key{PolicyID: []string{"g", "h", "i"}[r.IntN(3)], Subject: fmt.Sprint("s:", r.IntN(3000))}
+			}
+			for range 20_000 {
+				k := key()
+				if j, ok := ref[k]; ok && r.IntN(3) == 0 {
+					tab.release(j)
+					delete(ref, k)
+					free++
+					continue
+				}
+				size := tab.size()
+				j, added := tab.intern(k)
+				want, had := ref[k]
+				require.Equal(t, !had, added, "key %v", k)
+				if had {
+					require.Equal(t, want, j)
+					continue
+				}
+				if free > 0 {
+					require.Equal(t, size, tab.size(), "a released index is reused")
+					free--
+				} else {
+					require.Equal(t, size+1, tab.size())
+				}
+				require.Equal(t, k, tab.key(j))
+				ref[k] = j
+			}
+			require.Equal(t, len(ref), tab.used)
+			require.LessOrEqual(t, 2*tab.used, len(tab.slots))
+			seen := map[int32]bool{}
+			for k, j := range ref {
+				got, ok := tab.find(k)
+				require.True(t, ok, "key %v", k)
+				require.Equal(t, j, got, "key %v", k)
+				require.False(t, seen[j], "index %d twice", j)
+				seen[j] = true
+			}
+			for range 1000 {
+				k := key()
+				_, ok := tab.find(k)
+				_, want := ref[k]
+				require.Equal(t, want, ok, "key %v", k)
+			}
+		})
+	}
+}
+
+// TestReceiveRejectedReleasesKeys: a report rejected (a key twice) or
+// stale interns no key for good, and a report dropped after its decision
+// gives back the indices of keys no one holds.
+func TestReceiveRejectedReleasesKeys(t *testing.T) {
+	cfg := testConfig("a", "a", "b")
+	c, err := New(cfg, PolicyMap{"g": {RateMilli: 1000, BurstMilli: 1000, Regions: 2}})
+	require.NoError(t, err)
+	k := func(s string) KeyReport { return KeyReport{Key: Key{PolicyID: "g", Subject: s}} }
+	_, err = c.Receive(&Report{Region: "b", Epoch: 5, Seq: 5, Keys: []KeyReport{k("k:1"), k("k:2"), k("k:2")}})
+	require.ErrorIs(t, err, ErrReport)
+	require.Zero(t, c.tab.used, "a rejected report leaves no key interned")
+	_, err = c.Receive(&Report{Region: "b", Epoch: 5, Seq: 5, Keys: []KeyReport{{Key: Key{PolicyID: "nope", Subject: "x"}}}})
+	require.NoError(t, err)
+	require.Equal(t, 1, c.tab.used)
+	_, err = c.Receive(&Report{Region: "b", Epoch: 6, Seq: 6, Keys: []KeyReport{k("k:3")}})
+	require.NoError(t, err)
+	require.Equal(t, 2, c.tab.used)
+	// Epoch 6 collected and decided: b's report of 5 is dropped, and its
+	// key (of an unknown policy, never held) with it; k:3 is held.
+	now := EpochStart(7, cfg.Epoch)
+	_, err = c.Collect(now, nil)
+	require.NoError(t, err)
+	_, err = c.Decide(now.Add(cfg.MaxWait))
+	require.NoError(t, err)
+	_, ok := c.tab.find(Key{PolicyID: "nope", Subject: "x"})
+	require.False(t, ok, "a key only a dropped report mentioned keeps no index")
+	_, ok = c.tab.find(Key{PolicyID: "g", Subject: "k:3"})
+	require.True(t, ok)
+}
