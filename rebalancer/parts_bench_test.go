@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -174,7 +172,7 @@ func benchParts(b *testing.B, nkeys, parts, replicas int) {
 		now := rebalancer.EpochStart(m+1, epoch).Add(time.Second)
 		// Consume: this replica's part consumers read the others' reports
 		// of epoch m (and skip the other parts' messages).
-		k0 := partsProcessCPU(b)
+		k0 := processCPU(b)
 		selfBus, closeSelf := newBus(time.Since(published) + 100*time.Millisecond)
 		defer closeSelf()
 		runCtx, stop := context.WithCancel(ctx)
@@ -197,9 +195,9 @@ func benchParts(b *testing.B, nkeys, parts, replicas int) {
 			}
 		}
 		if timed {
-			ccpu += partsProcessCPU(b) - k0
+			ccpu += processCPU(b) - k0
 		}
-		c0, r0, w0 := partsProcessCPU(b), partsRedisCPU(ctx, b, client), time.Now()
+		c0, r0, w0 := processCPU(b), redisCPU(ctx, b, client), time.Now()
 		for _, p := range owned {
 			usage, err := srcs[p].Usage(ctx, m)
 			require.NoError(b, err)
@@ -228,8 +226,8 @@ func benchParts(b *testing.B, nkeys, parts, replicas int) {
 			require.NoError(b, sink.Write(ctx, d.Updates))
 		}
 		if timed {
-			cpu += partsProcessCPU(b) - c0
-			rcpu += partsRedisCPU(ctx, b, client) - r0
+			cpu += processCPU(b) - c0
+			rcpu += redisCPU(ctx, b, client) - r0
 			wall += time.Since(w0)
 			epochs++
 		}
@@ -258,28 +256,4 @@ func benchParts(b *testing.B, nkeys, parts, replicas int) {
 	b.ReportMetric(ms(wall), "wall-ms/replica")
 	b.ReportMetric(float64(keysHere), "keys/replica")
 	b.ReportMetric(ms(cpu)*1000/float64(keysHere), "cpu-us/key")
-}
-
-// partsProcessCPU is this process's user and system CPU time so far.
-func partsProcessCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// partsRedisCPU is redis-server's user and system CPU time so far.
-func partsRedisCPU(ctx context.Context, b *testing.B, c *redis.Client) time.Duration {
-	info, err := c.Info(ctx, "cpu").Result()
-	require.NoError(b, err)
-	var sum time.Duration
-	for line := range strings.Lines(info) {
-		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
-			continue
-		}
-		sec, err := strconv.ParseFloat(val, 64)
-		require.NoError(b, err, line)
-		sum += time.Duration(sec * float64(time.Second))
-	}
-	return sum
 }
