@@ -287,9 +287,6 @@ func checkReports(t *testing.T, reports []*quotientv1.UsageReport) map[int32]int
 // the keys of its parts (transfers between decisions on), and the share records of
 // the two regions sum to at most the limit at every check (every 50 ms).
 func TestPartsStatic(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs a two-region fleet for about 10 s per case; not in -short")
-	}
 	for _, n := range []int{1, 2, 4} {
 		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {
 			f := newPartsFleet(t)
@@ -389,9 +386,6 @@ func TestPartsStatic(t *testing.T) {
 // twice, no key is in two reports of one epoch, and the share records of
 // both regions sum to at most the limit at every check.
 func TestPartsTakeover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs a two-region fleet for about 20 s; not in -short")
-	}
 	f := newPartsFleet(t)
 	names := []string{"eu-a", "eu-b", "eu-c"}
 	var seed []string
