@@ -52,10 +52,6 @@ var ErrStoreUnavailable = errors.New("limiter: store unavailable")
 type RedisStore struct {
 	client   redis.UniversalClient
 	passTime bool // tests only: decide at the time given, not Redis TIME
-	// anySlot: the client is one standalone server, so one command may
-	// read keys of any slot and the script reads the string states of a
-	// whole call with one MGET (script.lua: the header's flag 2).
-	anySlot bool
 	// boundedByContext: the client was built with ContextTimeoutEnabled, so
 	// every wait of a call (pool, dial, read, write) ends at the context's
 	// deadline and the limiter needs no goroutine to enforce it.
@@ -116,7 +112,6 @@ func NewRedisStore(client redis.UniversalClient) *RedisStore {
 	switch c := client.(type) {
 	case *redis.Client:
 		s.boundedByContext = c.Options().ContextTimeoutEnabled
-		s.anySlot = true
 	case *redis.ClusterClient:
 		s.boundedByContext = c.Options().ContextTimeoutEnabled
 	}
@@ -252,7 +247,7 @@ const maxOpsPerCall = 255
 
 // appendRequest appends the binary form of one request (its ops, of one
 // or several subjects) to buf, as script.lua reads it: a header (whether
-// a time is given and whether the server is standalone, the time in µs, the number of ops, whether the state
+// a time is given, the time in µs, the number of ops, whether the state
 // overwritten is reported for a refund), then per op its parameters and
 // keys. It fails, naming what was wrong, for more ops or longer keys than
 // the format holds.
@@ -263,15 +258,11 @@ func (s *RedisStore) appendRequest(buf []byte, now time.Time, subjects []Subject
 	if len(ops) > maxOpsPerCall {
 		return buf, fmt.Errorf("limiter: redis store: %d policies in one request, at most %d", len(ops), maxOpsPerCall)
 	}
-	head := byte(0) // script.lua's header flags
-	if s.anySlot {
-		head = 2
-	}
 	if s.passTime {
-		buf = append(buf, head|1)
+		buf = append(buf, 1)
 		buf = binary.BigEndian.AppendUint64(buf, uint64(now.UnixMicro()))
 	} else {
-		buf = append(buf, head, 0, 0, 0, 0, 0, 0, 0, 0)
+		buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 	}
 	k := byte(0)
 	if keep {

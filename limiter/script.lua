@@ -12,9 +12,7 @@
 -- one binary string (one argument for Redis to parse, not 20).
 --
 -- ARGV: one string per request (redisstore.go: appendRequest), big-endian:
---   header  B flags (1: has_time; 2: one MGET may read keys of any slot,
---           i.e. a standalone server, read from the call's first
---           request), I8 time (µs; tests only, used when has_time is set,
+--   header  B has_time, I8 time (µs; tests only, used when has_time is 1,
 --           else Redis server TIME), B number of ops, B keep (1: the
 --           caller may refund, refund.lua, so buckets report the state
 --           they overwrite);
@@ -45,7 +43,7 @@
 -- rate, and the halves of the state overwritten; fixed windows, replicated
 -- windows and sliding counters the window start; sliding logs the entry's
 -- time (ms).
-local ceil, floor, call, tonumber, unpack, pack, table_unpack = math.ceil, math.floor, redis.call, tonumber, struct.unpack, struct.pack, unpack
+local ceil, floor, call, tonumber, unpack, pack = math.ceil, math.floor, redis.call, tonumber, struct.unpack, struct.pack
 local NANO = 1000000000
 local NANO_PER_MILLI = 1000000
 -- Bucket bounds (policy.go: MaxRatePerSec, MaxBurst in milli-units) and
@@ -94,49 +92,24 @@ local function fixedend(a, win)
   return a + win
 end
 
--- Per-op arrays, indexed by the op's place among all the call's ops
--- (parse fills the parameters of every request first, then read and write
--- decide one request after the other): parameters, state (A, B, C),
--- decision, extras (an entry is always set before it is read).
+-- Per-op arrays: parameters, state (A, B, C), decision, extras; reused by
+-- every request of the call (an entry is always set before it is read).
 local ALGO, ENF, COST, RATE, BURST, LIMIT, WIN, KEY = {}, {}, {}, {}, {}, {}, {}, {}
 local A, B, C, ADMIT, RETRY, DELAY = {}, {}, {}, {}, {}, {}
-local LOG, TRIM, REGION, SHARE, CAP, ROLLED, WEND = {}, {}, {}, {}, {}, {}, {}
+local LOG, TRIM, REGION, COUNTS, CAP, ROLLED, WEND = {}, {}, {}, {}, {}, {}, {}
 local DRATE = {} -- buckets: the policy's own rate, for reset at rate 0
--- Per-request arrays: its time (µs), number of ops, keep, and where its
--- ops start (0 for the first request's); RBASE[r] is false when the
--- request failed to parse.
-local RTIME, RN, RKEEP, RBASE = {}, {}, {}, {}
 
 -- The request being decided: its string, its time, its number of ops,
--- where its ops start, whether it reports overwritten states, and whether
--- it is allowed.
-local req, nowus, now, n, base, keepPrev, allowed
+-- whether it reports overwritten states, and whether it is allowed.
+local req, nowus, now, n, keepPrev, allowed
 local servertime
 local out, no = {''}, 1 -- the reply's parts (see the header), no: how many
--- STATE: the string states of the call's keys (false: no key), read by
--- one MGET of every string key of the call before the first request is
--- decided and kept as each write leaves them, so that a request sees the
--- writes of the requests before it in the call exactly as GET would.
--- A key missing from it (MGET not allowed, or failed: a key of another
--- cluster node) is read by GET when a request needs it.
-local STATE, SKEYS, nsk = {}, {}, 0
 
--- get: the string state of key, as GET would answer it now.
-local function get(key)
-  local v = STATE[key]
-  if v == nil then
-    v = call('GET', key)
-    STATE[key] = v
-  end
-  return v
-end
-
--- parse: the parameters of every op of one request (req), from its ops'
--- place base + 1 on; it reads nothing but TIME. It adds the request's
--- string keys to SKEYS (for the MGET).
-local function parse(r)
+-- read: the first phase of one request. It parses the request, reads the
+-- state of every op and decides each; it writes nothing.
+local function read()
   local timed, t, nops, keep, pos = unpack('>BI8BB', req)
-  if timed % 2 == 1 then
+  if timed == 1 then
     nowus = t
   else
     if not servertime then
@@ -145,36 +118,17 @@ local function parse(r)
     end
     nowus = servertime
   end
-  RTIME[r], RN[r], RKEEP[r] = nowus, nops, keep == 1
-  for i = 1, nops do
-    local g = base + i
+  now = floor(nowus / 1000)
+  n, keepPrev, allowed = nops, keep == 1, 1
+  for i = 1, n do
     local algo, flags, cost, rate, burst, limit, win, key
     algo, flags, cost, rate, burst, limit, win, key, pos = unpack('>BBI8I8I8I8I8i2c0', req, pos)
-    local shkey = false
-    if algo == 6 then
-      REGION[g], pos = unpack('>Bc0', req, pos)
-    elseif flags >= 2 then
-      shkey, pos = unpack('>i2c0', req, pos)
-    end
-    if algo ~= 4 and algo ~= 6 then
-      nsk = nsk + 1
-      SKEYS[nsk] = key
-    end
-    ALGO[g], ENF[g], COST[g], RATE[g], BURST[g], LIMIT[g], WIN[g], KEY[g], SHARE[g] = algo, flags % 2 == 1, cost, rate, burst, limit, win, key, shkey
-  end
-  return timed
-end
-
--- read: the first phase of one request (r, its ops from base + 1). It
--- reads the state of every op and decides each; it writes nothing.
-local function read(r)
-  nowus, n, keepPrev, allowed = RTIME[r], RN[r], RKEEP[r], 1
-  now = floor(nowus / 1000)
-  for g = base + 1, base + n do
-    local algo, cost, rate, burst, limit, win, key = ALGO[g], COST[g], RATE[g], BURST[g], LIMIT[g], WIN[g], KEY[g]
     local drate = rate
-    local shkey = SHARE[g]
-    if shkey then
+    if algo == 6 then
+      REGION[i], pos = unpack('>Bc0', req, pos)
+    elseif flags >= 2 then
+      local shkey
+      shkey, pos = unpack('>i2c0', req, pos)
       local sh = call('HMGET', shkey, 'r', 'b')
       if sh[1] and sh[2] then
         rate = tonumber(sh[1])
@@ -185,13 +139,13 @@ local function read(r)
     local a, b, c = 0, 0, 0
     if algo == 1 or algo == 2 then
       -- advance (algorithm.go: bucketLimits, bucketTokens)
-      DRATE[g] = drate
-      if drate < 1 then DRATE[g] = 1 end
+      DRATE[i] = drate
+      if drate < 1 then DRATE[i] = 1 end
       rate, burst = floor(rate), floor(burst)
       if rate < 0 then rate = 0 elseif rate > MAXRATE then rate = MAXRATE end
       if burst < 0 then burst = 0 elseif burst > MAXBURST then burst = MAXBURST end
       local capN = burst * NANO_PER_MILLI
-      local v = get(key)
+      local v = call('GET', key)
       a = capN
       if v then
         if #v == 12 then
@@ -222,7 +176,7 @@ local function read(r)
       end
     elseif algo == 3 then
       local start = fixedstart(now, win)
-      local v = get(key)
+      local v = call('GET', key)
       if v then
         local p = string.find(v, ':', 1, true)
         a, b = tonumber(string.sub(v, 1, p - 1)), tonumber(string.sub(v, p + 1))
@@ -230,10 +184,10 @@ local function read(r)
       if not v or start > a then a, b = start, 0 end
       local t = now
       if a > t then t = a end
-      WEND[g] = fixedend(a, win)
+      WEND[i] = fixedend(a, win)
       admit = b + cost <= limit
       if not admit then
-        if cost > limit then retry = -1 else retry = WEND[g] - t end
+        if cost > limit then retry = -1 else retry = WEND[i] - t end
       end
     elseif algo == 6 then
       local start = fixedstart(now, win)
@@ -251,26 +205,26 @@ local function read(r)
       end
       if not w or start > w then
         a, counts, cap = start, {}, -1
-        ROLLED[g] = w ~= nil
+        ROLLED[i] = w ~= nil
       else
         a = w
-        ROLLED[g] = false
+        ROLLED[i] = false
       end
-      local region = REGION[g]
+      local region = REGION[i]
       local total = 0
       for _, cnt in pairs(counts) do total = total + cnt end
       b, c = total, counts[region] or 0 -- b: total, c: own
-      REGION[g], CAP[g] = region, cap
+      REGION[i], CAP[i] = region, cap
       local t = now
       if a > t then t = a end
-      WEND[g] = fixedend(a, win)
+      WEND[i] = fixedend(a, win)
       admit = b + cost <= limit and (cap < 0 or c + cost <= cap)
       if not admit then
-        if cost > limit then retry = -1 else retry = WEND[g] - t end
+        if cost > limit then retry = -1 else retry = WEND[i] - t end
       end
     elseif algo == 5 then
       local start = now - now % win
-      local v = get(key)
+      local v = call('GET', key)
       if not v then
         a, b, c = start, 0, 0
       else
@@ -319,7 +273,7 @@ local function read(r)
       while k < #log and log[k + 1][1] <= t - win do k = k + 1 end
       local kept = {}
       for j = k + 1, #log do kept[#kept + 1] = log[j] end
-      TRIM[g], LOG[g] = k, kept
+      TRIM[i], LOG[i] = k, kept
       local total = 0
       for j = 1, #kept do total = total + kept[j][2] end
       admit = total + cost <= limit
@@ -339,36 +293,34 @@ local function read(r)
         end
       end
     end
-    RATE[g], BURST[g] = rate, burst
-    A[g], B[g], C[g], ADMIT[g], RETRY[g], DELAY[g] = a, b, c, admit, retry, delay
-    if not admit and ENF[g] then allowed = 0 end
+    ALGO[i], ENF[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i] = algo, flags % 2 == 1, cost, rate, burst, limit, win, key
+    A[i], B[i], C[i], ADMIT[i], RETRY[i], DELAY[i] = a, b, c, admit, retry, delay
+    if not admit and ENF[i] then allowed = 0 end
   end
 end
 
 -- write: the second phase: consume (only when the request is allowed),
 -- write the states and append the answers to out.
 local function write()
-  for g = base + 1, base + n do
-    local algo, cost, rate, burst, limit, win, key = ALGO[g], COST[g], RATE[g], BURST[g], LIMIT[g], WIN[g], KEY[g]
-    local a, b, c, admit = A[g], B[g], C[g], ADMIT[g]
+  for i = 1, n do
+    local algo, cost, rate, burst, limit, win, key = ALGO[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i]
+    local a, b, c, admit = A[i], B[i], C[i], ADMIT[i]
     local write = allowed == 1 and admit and cost > 0
     local prev = false
-    if keepPrev and write and (algo == 1 or algo == 2) then prev = get(key) end
+    if keepPrev and write and (algo == 1 or algo == 2) then prev = call('GET', key) end
     local remaining, reset, ttl = 0, 0, 1000
     if algo == 1 or algo == 2 then
       -- a: nano-tokens now (algorithm.go: consume, report, bucketState)
       if write then a = a - cost * NANO end
       remaining = floor(a / NANO)
       local fill = rate
-      if fill == 0 then fill = DRATE[g] end
+      if fill == 0 then fill = DRATE[i] end
       reset = ceil(ceil((burst * NANO_PER_MILLI - a) / fill) / 1000)
       if write then
         local tms = floor(nowus / 1000)
         local u = a - (nowus - tms * 1000) * rate + P51
         local hi = floor(u / P48)
-        local v = pack('>I6I6', tms * 16 + hi, u - hi * P48)
-        call('SET', key, v, 'PX', reset + 1000)
-        STATE[key] = v
+        call('SET', key, struct.pack('>I6I6', tms * 16 + hi, u - hi * P48), 'PX', reset + 1000)
       end
     elseif algo == 3 then
       if write then b = b + cost end
@@ -376,12 +328,8 @@ local function write()
       if a > t then t = a end
       remaining = limit - b
       if remaining < 0 then remaining = 0 end
-      reset = WEND[g] - t
-      if write then
-        local v = string.format('%d:%d', a, b)
-        call('SET', key, v, 'PX', reset + 1000)
-        STATE[key] = v
-      end
+      reset = WEND[i] - t
+      if write then call('SET', key, string.format('%d:%d', a, b), 'PX', reset + 1000) end
     elseif algo == 6 then
       if write then
         b = b + cost
@@ -391,16 +339,16 @@ local function write()
       if a > t then t = a end
       remaining = limit - b
       if remaining < 0 then remaining = 0 end
-      local cap = CAP[g]
+      local cap = CAP[i]
       if cap >= 0 then
         local r = cap - c
         if r < 0 then r = 0 end
         if r < remaining then remaining = r end
       end
-      reset = WEND[g] - t
+      reset = WEND[i] - t
       if write then
-        if ROLLED[g] then call('DEL', key) end
-        call('HSET', key, 'w', a, 'n:' .. REGION[g], c)
+        if ROLLED[i] then call('DEL', key) end
+        call('HSET', key, 'w', a, 'n:' .. REGION[i], c)
         call('PEXPIRE', key, reset + 1000)
       end
     elseif algo == 5 then
@@ -416,13 +364,9 @@ local function write()
       elseif c > 0 then
         reset = win - e
       end
-      if write then
-        local v = string.format('%d:%d:%d', a, b, c)
-        call('SET', key, v, 'PX', 2 * win - e + 1000)
-        STATE[key] = v
-      end
+      if write then call('SET', key, string.format('%d:%d:%d', a, b, c), 'PX', 2 * win - e + 1000) end
     elseif algo == 4 then
-      local log = LOG[g]
+      local log = LOG[i]
       local t = now
       if #log > 0 and log[#log][1] > t then t = log[#log][1] end
       if write then log[#log + 1] = {t, cost} end
@@ -433,12 +377,12 @@ local function write()
       local m = #log
       if m > 0 then reset = log[m][1] + win - t end
       if write then
-        if TRIM[g] > 0 then call('LTRIM', key, TRIM[g], -1) end
+        if TRIM[i] > 0 then call('LTRIM', key, TRIM[i], -1) end
         call('RPUSH', key, string.format('%d:%d', t, cost))
         call('PEXPIRE', key, win + 1000)
       end
     end
-    local retry, delay = RETRY[g], DELAY[g]
+    local retry, delay = RETRY[i], DELAY[i]
     if allowed == 0 or not admit then delay = 0 end
     if allowed == 1 and admit then retry = 0 end
     local adm = 0
@@ -460,7 +404,7 @@ local function write()
           rd = -2
         end
       elseif algo == 4 then
-        ra = LOG[g][#LOG[g]][1]
+        ra = LOG[i][#LOG[i]][1]
       else
         ra = a
       end
@@ -486,50 +430,22 @@ local function failed(e, writing)
 end
 
 local R = #ARGV
--- Parse every request; a request that does not parse fails alone (-2).
-local mget = false
-base = 0
 for r = 1, R do
   req = ARGV[r]
-  local ok, timed = pcall(parse, r)
-  if ok then
-    RBASE[r] = base
-    base = base + RN[r]
-    if r == 1 then mget = timed >= 2 end
-  else
-    RBASE[r] = false
-  end
-  if r == 1 then out[1] = pack('>i8', nowus or 0) end
-end
--- One MGET for the string states of every request (at most 7,000 keys:
--- Lua's unpack limit), when the first request says one may read any slot.
--- When it fails, nothing is cached and each request reads its own keys,
--- failing alone on a key of another node.
-if mget and nsk > 0 and nsk <= 7000 then
-  local ok, vals = pcall(call, 'MGET', table_unpack(SKEYS, 1, nsk))
-  if ok then
-    for j = 1, nsk do STATE[SKEYS[j]] = vals[j] end
-  end
-end
-for r = 1, R do
   no = no + 1
   local mark = no
-  base = RBASE[r]
-  if not base then
-    out[mark] = pack('>i8', -2)
+  local ok, e = pcall(read)
+  if not ok then
+    out[mark] = pack('>i8', failed(e, false))
   else
-    local ok, e = pcall(read, r)
+    out[mark] = pack('>i8', allowed)
+    ok, e = pcall(write)
     if not ok then
-      out[mark] = pack('>i8', failed(e, false))
-    else
-      out[mark] = pack('>i8', allowed)
-      ok, e = pcall(write)
-      if not ok then
-        for j = no, mark + 1, -1 do out[j] = nil end
-        no = mark
-        out[mark] = pack('>i8', failed(e, true))
-      end
+      for j = no, mark + 1, -1 do out[j] = nil end
+      no = mark
+      out[mark] = pack('>i8', failed(e, true))
     end
   end
+  if r == 1 then out[1] = pack('>i8', nowus or 0) end
 end
 return table.concat(out, '', 1, no)
