@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,5 +100,63 @@ func evalshaMicros(b *testing.B, client interface {
 func (p *Policy) validateForBench() {
 	if err := p.Validate(); err != nil {
 		panic(err)
+	}
+}
+
+// BenchmarkScriptPieces measures, inside Redis, what the pieces of the
+// decision script cost: each piece runs in a Lua loop of one EVAL timed
+// by Redis TIME, so neither the network nor the call's fixed cost is in
+// it, and reports µs per piece (the loop's own cost, measured alone, is
+// subtracted). These are the numbers behind the README's limiter-core
+// section on where a decision's Redis time goes (issue 16): the commands
+// of one policy (a GET, a SET ... PX), reading 64 keys by GETs or one
+// MGET, the struct and string calls the script makes per policy, and the
+// per-op arrays of a call kept for 2 ops or for 64.
+func BenchmarkScriptPieces(b *testing.B) {
+	client := benchClient(b)
+	ctx := context.Background()
+	var mgetKeys strings.Builder
+	for j := 1; j <= 64; j++ {
+		fmt.Fprintf(&mgetKeys, ",'piece:%d'", j)
+	}
+	require.NoError(b, client.Eval(ctx, `for j = 1, 64 do redis.call('SET', 'piece:' .. j, 'abcdefghijkl') end return 1`, nil).Err())
+	pieces := []struct{ name, body string }{
+		{"GET", `call('GET', 'piece:1')`},
+		{"SET_PX", `call('SET', 'piece:2', 'abcdefghijkl', 'PX', 5000)`},
+		{"SET_KEEPTTL", `call('SET', 'piece:3', 'abcdefghijkl', 'KEEPTTL')`},
+		{"GET_x64", `for j = 1, 64 do call('GET', K[j]) end`},
+		{"MGET_64", `call('MGET'` + mgetKeys.String() + `)`},
+		{"struct.unpack_op", `unpack('>BBI8I8I8I8I8i2c0', OP)`},
+		{"struct.unpack_bucket", `unpack('>I6I6', 'abcdefghijkl')`},
+		{"struct.pack_bucket", `pack('>I6I6', 123456789012, 98765432101)`},
+		{"struct.pack_reply", `pack('>i8i8i8i8i8', 1, 2, 3, 4, 5)`},
+		{"parse_fixed_window", `local v = '1733097600000:12345' local p = string.find(v, ':', 1, true) local a, c = tonumber(string.sub(v, 1, p - 1)), tonumber(string.sub(v, p + 1))`},
+		{"format_fixed_window", `string.format('%d:%d', 1733097600000, 12345)`},
+		{"arrays_25x2", `local ts = {} for k = 1, 25 do local t = {} for j = 1, 2 do t[j] = j end ts[k] = t end`},
+		{"arrays_25x64", `local ts = {} for k = 1, 25 do local t = {} for j = 1, 64 do t[j] = j end ts[k] = t end`},
+	}
+	const prelude = `local call, unpack, pack = redis.call, struct.unpack, struct.pack
+local K = {} for j = 1, 64 do K[j] = 'piece:' .. j end
+local OP = string.rep('\1', 42) .. '\0\5abcde'
+local N = tonumber(ARGV[1])
+local function us() local t = call('TIME') return tonumber(t[1]) * 1e6 + tonumber(t[2]) end
+`
+	loop := func(body string, n int) float64 {
+		src := prelude + "local t0 = us() for i = 1, N do " + body + " end return tostring((us() - t0) / N)"
+		v, err := client.Eval(ctx, src, nil, n).Text()
+		require.NoError(b, err, body)
+		f, err := strconv.ParseFloat(v, 64)
+		require.NoError(b, err)
+		return f
+	}
+	for _, pc := range pieces {
+		b.Run(pc.name, func(b *testing.B) {
+			// b.N loops of the piece; the empty loop's cost per
+			// iteration is measured the same way and subtracted.
+			n := max(b.N, 1)
+			empty := loop(`local _ = i`, n)
+			got := loop(pc.body, n)
+			b.ReportMetric(got-empty, "redis_µs/piece")
+		})
 	}
 }
