@@ -44,6 +44,7 @@
 -- windows and sliding counters the window start; sliding logs the entry's
 -- time (ms).
 local ceil, floor, call, tonumber, unpack, pack = math.ceil, math.floor, redis.call, tonumber, struct.unpack, struct.pack
+local sfind, ssub, sformat = string.find, string.sub, string.format
 local NANO = 1000000000
 local NANO_PER_MILLI = 1000000
 -- Bucket bounds (policy.go: MaxRatePerSec, MaxBurst in milli-units) and
@@ -94,9 +95,9 @@ end
 
 -- Per-op arrays: parameters, state (A, B, C), decision, extras; reused by
 -- every request of the call (an entry is always set before it is read).
-local ALGO, ENF, COST, RATE, BURST, LIMIT, WIN, KEY = {}, {}, {}, {}, {}, {}, {}, {}
+local ALGO, COST, RATE, BURST, LIMIT, WIN, KEY = {}, {}, {}, {}, {}, {}, {}
 local A, B, C, ADMIT, RETRY, DELAY = {}, {}, {}, {}, {}, {}
-local LOG, TRIM, REGION, COUNTS, CAP, ROLLED, WEND = {}, {}, {}, {}, {}, {}, {}
+local LOG, TRIM, REGION, CAP, ROLLED, WEND = {}, {}, {}, {}, {}, {}
 local DRATE = {} -- buckets: the policy's own rate, for reset at rate 0
 
 -- The request being decided: its string, its time, its number of ops,
@@ -118,7 +119,7 @@ local function read()
     end
     nowus = servertime
   end
-  now = floor(nowus / 1000)
+  now = (nowus - nowus % 1000) / 1000
   n, keepPrev, allowed = nops, keep == 1, 1
   for i = 1, n do
     local algo, flags, cost, rate, burst, limit, win, key
@@ -141,7 +142,8 @@ local function read()
       -- advance (algorithm.go: bucketLimits, bucketTokens)
       DRATE[i] = drate
       if drate < 1 then DRATE[i] = 1 end
-      rate, burst = floor(rate), floor(burst)
+      if rate % 1 ~= 0 then rate = floor(rate) end
+      if burst % 1 ~= 0 then burst = floor(burst) end
       if rate < 0 then rate = 0 elseif rate > MAXRATE then rate = MAXRATE end
       if burst < 0 then burst = 0 elseif burst > MAXBURST then burst = MAXBURST end
       local capN = burst * NANO_PER_MILLI
@@ -149,8 +151,8 @@ local function read()
       a = capN
       if v then
         if #v == 12 then
-          local h, l = struct.unpack('>I6I6', v)
-          local tms = floor(h / 16)
+          local h, l = unpack('>I6I6', v)
+          local tms = (h - h % 16) / 16
           a = (h % 16) * P48 + l - P51 + (nowus - tms * 1000) * rate
         else
           -- Written before buckets kept their tokens: the µs when full.
@@ -175,19 +177,23 @@ local function read()
         end
       end
     elseif algo == 3 then
-      local start = fixedstart(now, win)
+      -- fixedstart and fixedend inlined for a window of ms (win > 0)
+      local start
+      if win == 0 then start = fixedstart(now, 0) else start = now - now % win end
       local v = call('GET', key)
       if v then
-        local p = string.find(v, ':', 1, true)
-        a, b = tonumber(string.sub(v, 1, p - 1)), tonumber(string.sub(v, p + 1))
+        local p = sfind(v, ':', 1, true)
+        a, b = tonumber(ssub(v, 1, p - 1)), tonumber(ssub(v, p + 1))
       end
       if not v or start > a then a, b = start, 0 end
       local t = now
       if a > t then t = a end
-      WEND[i] = fixedend(a, win)
+      local wend
+      if win == 0 then wend = fixedend(a, 0) else wend = a + win end
+      WEND[i] = wend
       admit = b + cost <= limit
       if not admit then
-        if cost > limit then retry = -1 else retry = WEND[i] - t end
+        if cost > limit then retry = -1 else retry = wend - t end
       end
     elseif algo == 6 then
       local start = fixedstart(now, win)
@@ -199,8 +205,8 @@ local function read()
           w = tonumber(v)
         elseif f == 'cap' then
           cap = tonumber(v)
-        elseif string.sub(f, 1, 2) == 'n:' then
-          counts[string.sub(f, 3)] = tonumber(v)
+        elseif ssub(f, 1, 2) == 'n:' then
+          counts[ssub(f, 3)] = tonumber(v)
         end
       end
       if not w or start > w then
@@ -228,9 +234,9 @@ local function read()
       if not v then
         a, b, c = start, 0, 0
       else
-        local p1 = string.find(v, ':', 1, true)
-        local p2 = string.find(v, ':', p1 + 1, true)
-        a, b, c = tonumber(string.sub(v, 1, p1 - 1)), tonumber(string.sub(v, p1 + 1, p2 - 1)), tonumber(string.sub(v, p2 + 1))
+        local p1 = sfind(v, ':', 1, true)
+        local p2 = sfind(v, ':', p1 + 1, true)
+        a, b, c = tonumber(ssub(v, 1, p1 - 1)), tonumber(ssub(v, p1 + 1, p2 - 1)), tonumber(ssub(v, p2 + 1))
         if start <= a then
         elseif start == a + win then
           c, b, a = b, 0, start
@@ -264,8 +270,8 @@ local function read()
       local log = {}
       for j = 1, #raw do
         local s = raw[j]
-        local p = string.find(s, ':', 1, true)
-        log[j] = {tonumber(string.sub(s, 1, p - 1)), tonumber(string.sub(s, p + 1))}
+        local p = sfind(s, ':', 1, true)
+        log[j] = {tonumber(ssub(s, 1, p - 1)), tonumber(ssub(s, p + 1))}
       end
       local t = now
       if #log > 0 and log[#log][1] > t then t = log[#log][1] end
@@ -293,9 +299,9 @@ local function read()
         end
       end
     end
-    ALGO[i], ENF[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i] = algo, flags % 2 == 1, cost, rate, burst, limit, win, key
+    ALGO[i], COST[i], RATE[i], BURST[i], LIMIT[i], WIN[i], KEY[i] = algo, cost, rate, burst, limit, win, key
     A[i], B[i], C[i], ADMIT[i], RETRY[i], DELAY[i] = a, b, c, admit, retry, delay
-    if not admit and ENF[i] then allowed = 0 end
+    if not admit and flags % 2 == 1 then allowed = 0 end
   end
 end
 
@@ -308,19 +314,21 @@ local function write()
     local write = allowed == 1 and admit and cost > 0
     local prev = false
     if keepPrev and write and (algo == 1 or algo == 2) then prev = call('GET', key) end
-    local remaining, reset, ttl = 0, 0, 1000
+    local remaining, reset = 0, 0
     if algo == 1 or algo == 2 then
       -- a: nano-tokens now (algorithm.go: consume, report, bucketState)
       if write then a = a - cost * NANO end
-      remaining = floor(a / NANO)
+      remaining = (a - a % NANO) / NANO
       local fill = rate
       if fill == 0 then fill = DRATE[i] end
-      reset = ceil(ceil((burst * NANO_PER_MILLI - a) / fill) / 1000)
+      local q = (burst * NANO_PER_MILLI - a) / fill
+      q = q + (-q) % 1
+      reset = (q + (-q) % 1000) / 1000
       if write then
-        local tms = floor(nowus / 1000)
+        local tms = now
         local u = a - (nowus - tms * 1000) * rate + P51
-        local hi = floor(u / P48)
-        call('SET', key, struct.pack('>I6I6', tms * 16 + hi, u - hi * P48), 'PX', reset + 1000)
+        local hi = (u - u % P48) / P48
+        call('SET', key, pack('>I6I6', tms * 16 + hi, u - hi * P48), 'PX', reset + 1000)
       end
     elseif algo == 3 then
       if write then b = b + cost end
@@ -329,7 +337,7 @@ local function write()
       remaining = limit - b
       if remaining < 0 then remaining = 0 end
       reset = WEND[i] - t
-      if write then call('SET', key, string.format('%d:%d', a, b), 'PX', reset + 1000) end
+      if write then call('SET', key, sformat('%d:%d', a, b), 'PX', reset + 1000) end
     elseif algo == 6 then
       if write then
         b = b + cost
@@ -364,7 +372,7 @@ local function write()
       elseif c > 0 then
         reset = win - e
       end
-      if write then call('SET', key, string.format('%d:%d:%d', a, b, c), 'PX', 2 * win - e + 1000) end
+      if write then call('SET', key, sformat('%d:%d:%d', a, b, c), 'PX', 2 * win - e + 1000) end
     elseif algo == 4 then
       local log = LOG[i]
       local t = now
@@ -378,7 +386,7 @@ local function write()
       if m > 0 then reset = log[m][1] + win - t end
       if write then
         if TRIM[i] > 0 then call('LTRIM', key, TRIM[i], -1) end
-        call('RPUSH', key, string.format('%d:%d', t, cost))
+        call('RPUSH', key, sformat('%d:%d', t, cost))
         call('PEXPIRE', key, win + 1000)
       end
     end
@@ -392,14 +400,14 @@ local function write()
       if algo == 1 or algo == 2 then
         -- The two halves of the 12 bytes written (as above), the rate, and
         -- the halves of the state overwritten (-1: none, -2: not 12 bytes).
-        local tms = floor(nowus / 1000)
+        local tms = now
         local u = a - (nowus - tms * 1000) * rate + P51
-        local hi = floor(u / P48)
+        local hi = (u - u % P48) / P48
         ra, rb, rc = tms * 16 + hi, u - hi * P48, rate
         if not prev then
           rd = -1
         elseif #prev == 12 then
-          rd, re = struct.unpack('>I6I6', prev)
+          rd, re = unpack('>I6I6', prev)
         else
           rd = -2
         end
@@ -425,11 +433,12 @@ end
 local function failed(e, writing)
   if writing then return -3 end
   if type(e) == 'table' then e = e.err end
-  if string.find(tostring(e), 'non local key', 1, true) then return -1 end
+  if sfind(tostring(e), 'non local key', 1, true) then return -1 end
   return -2
 end
 
 local R = #ARGV
+local ALLOWED, REJECTED = pack('>i8', 1), pack('>i8', 0) -- a request's status
 for r = 1, R do
   req = ARGV[r]
   no = no + 1
@@ -438,7 +447,7 @@ for r = 1, R do
   if not ok then
     out[mark] = pack('>i8', failed(e, false))
   else
-    out[mark] = pack('>i8', allowed)
+    if allowed == 1 then out[mark] = ALLOWED else out[mark] = REJECTED end
     ok, e = pcall(write)
     if not ok then
       for j = no, mark + 1, -1 do out[j] = nil end

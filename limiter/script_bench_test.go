@@ -123,7 +123,10 @@ func BenchmarkScriptPieces(b *testing.B) {
 	pieces := []struct{ name, body string }{
 		{"GET", `call('GET', 'piece:1')`},
 		{"SET_PX", `call('SET', 'piece:2', 'abcdefghijkl', 'PX', 5000)`},
+		{"SET_PXAT", `call('SET', 'piece:4', 'abcdefghijkl', 'PXAT', 4102444800000)`},
 		{"SET_KEEPTTL", `call('SET', 'piece:3', 'abcdefghijkl', 'KEEPTTL')`},
+		{"SET_no_TTL", `call('SET', 'piece:5', 'abcdefghijkl')`},
+		{"PEXPIRE", `call('PEXPIRE', 'piece:6', 5000)`},
 		{"GET_x64", `for j = 1, 64 do call('GET', K[j]) end`},
 		{"MGET_64", `call('MGET'` + mgetKeys.String() + `)`},
 		{"struct.unpack_op", `unpack('>BBI8I8I8I8I8i2c0', OP)`},
