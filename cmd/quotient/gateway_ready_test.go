@@ -315,9 +315,15 @@ func TestGatewayWarmBurstIsShaped(t *testing.T) {
 	for _, d := range decisionsOf(t, stderr.String(), "/right-after-restart") {
 		assert.Contains(t, []string{"store", "fallback", "deny_cache"}, d.source)
 	}
-	// From the moment /readyz says warm again, the store decides.
+	// From the moment /readyz says warm again, the store decides. "Warm
+	// again" is a warm-up after the first that the restarted server saw:
+	// the count alone is not enough, because under load the warmer can
+	// also warm the old server between its SIGTERM and its exit (CI saw
+	// "3 warm-ups" for one restart), so the wait also asks the new server
+	// whether it holds the scripts (SCRIPT LOAD is a warm-up's last step,
+	// after its connections are open).
 	t0 := time.Now()
-	body := waitReadyzSays(t, base, "ready: redis warm (1 nodes, 2 warm-ups)", 10*time.Second)
+	body := waitWarmAgain(t, base, srv, 10*time.Second)
 	t.Logf("warm again %v after the restarted server answered: %s", time.Since(t0).Round(time.Millisecond), strings.TrimSpace(body))
 	check("after a restart", "/after-restart", "k2")
 }
@@ -393,6 +399,43 @@ func TestGatewayLeakyBucketInFallbackStillShapes(t *testing.T) {
 	waitMetric(t, base, `quotient_gateway_ready{region="local"} 2`, 10*time.Second)
 	_, m := get(t, c, base+"/metrics", nil)
 	assert.Contains(t, string(m), "quotient_limiter_breaker_state{region=\"local\"} 0\n", "bypassed decisions make no store call and do not open the breaker")
+}
+
+// warmAgainRe reads the warm-up count of a warm gateway's /readyz.
+var warmAgainRe = regexp.MustCompile(`ready: redis warm \(1 nodes, (\d+) warm-ups\)`)
+
+// waitWarmAgain polls until base/readyz says warm after more than one
+// warm-up and srv (restarted) holds every script the store runs.
+func waitWarmAgain(t *testing.T, base string, srv *redistest.Server, limit time.Duration) string {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	deadline := time.Now().Add(limit)
+	for {
+		_, body := get(t, c, base+"/readyz", nil)
+		if m := warmAgainRe.FindStringSubmatch(string(body)); m != nil {
+			n, err := strconv.Atoi(m[1])
+			require.NoError(t, err)
+			if n >= 2 && cachedScripts(t, srv) >= 3 {
+				return string(body)
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "/readyz never said warm again with the restarted server's scripts loaded: %s (server holds %d scripts)", body, cachedScripts(t, srv))
+		time.Sleep(10 * time.Millisecond) // polling a real server with a deadline
+	}
+}
+
+// cachedScripts is the number of scripts srv holds (INFO memory).
+func cachedScripts(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := srv.Client().Info(ctx, "memory").Result()
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^number_of_cached_scripts:(\d+)`).FindStringSubmatch(info)
+	require.NotNil(t, m, "INFO memory has number_of_cached_scripts")
+	n, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+	return n
 }
 
 // waitReadyzSays polls base/readyz until its body holds want.
