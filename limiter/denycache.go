@@ -42,7 +42,9 @@ const denyShards = 16
 // gave, so over-admission is unaffected and over-rejection is bounded by
 // that retry time; a share or policy change may make the store's answer
 // earlier, which the cache learns when its entry expires (SetPolicies
-// clears it).
+// clears it). While the store cannot answer, an entry rejects until the
+// store's retry time (lookupStale), the fallback deciding only the
+// requests the store had not rejected.
 type denyCache struct {
 	seed     maphash.Seed
 	perShard int
@@ -79,6 +81,30 @@ func (c *denyCache) lookup(k denyKey, cost int64, now int64) (denyEntry, bool) {
 	return e, true
 }
 
+// lookupStale is lookup for a request the store cannot decide (it
+// failed, timed out, or the breaker is open): an entry answers until the
+// store's retry time, not only until its until. A global policy's entry
+// answers for at most a tenth of the usage epoch while the store is up,
+// because the region's share may grow behind the gateway's back; while the
+// store is down nothing newer than the store's own rejection is known, and
+// admitting from an empty in-process fallback would forget it: a global
+// daily quota the store had found spent would be spent again, up to the
+// fallback's limit per gateway instance.
+func (c *denyCache) lookupStale(k denyKey, cost int64, now int64) (denyEntry, bool) {
+	sh := c.shard(&k)
+	sh.mu.RLock()
+	e, ok := sh.entries[k]
+	sh.mu.RUnlock()
+	if !ok || now >= e.horizon() || cost < e.cost {
+		return denyEntry{}, false
+	}
+	return e, true
+}
+
+// horizon is the last instant e answers for: its until with a store, its
+// retry time without (lookupStale).
+func (e denyEntry) horizon() int64 { return max(e.until, e.retryAt) }
+
 // add records a store rejection. A later, smaller rejected cost replaces a
 // larger one (it rejects more requests); an entry is kept at its longest
 // retry time for the same cost.
@@ -95,7 +121,7 @@ func (c *denyCache) add(k denyKey, e denyEntry, now int64) {
 	}
 	if !ok && len(sh.entries) >= c.perShard {
 		for key, v := range sh.entries {
-			if v.until <= now {
+			if v.horizon() <= now {
 				delete(sh.entries, key)
 			}
 		}

@@ -194,3 +194,62 @@ func TestDenyCacheGivesAGrownShareItsTurn(t *testing.T) {
 	assert.Equal(t, SourceStore, d.Source, "after a second the store decides")
 	assert.True(t, d.Allowed, "with the grown share")
 }
+
+// TestFallbackKeepsTheStoresLastRejection: a global daily window the store
+// found spent stays spent while the store cannot answer. Before, the
+// fallback started an empty in-process window at limit x OpenFactor per
+// gateway instance once the deny entry's tenth-of-an-epoch bound had
+// passed, so a store that timed out under load re-opened a spent daily
+// quota (the e2e run at load 30 admitted 3 903 of a global 2 000). The
+// store's retry time bounds the rejection; subjects the store had not
+// rejected still get the fallback; a new window gets the fallback again.
+func TestFallbackKeepsTheStoresLastRejection(t *testing.T) {
+	clock := newManualClock()
+	store := newFlakyStore()
+	l, err := New(Config{Store: store, Clock: clock, Regions: 3}, mustPolicies(t,
+		`[{"id":"day","algorithm":"fixed_window","limit":3,"window_s":86400,"scope":"global"}]`))
+	require.NoError(t, err)
+	ctx := context.Background()
+	spent := Request{Identity: Identity{APIKey: "spent"}, Method: "GET", Path: "/"}
+	other := Request{Identity: Identity{APIKey: "other"}, Method: "GET", Path: "/"}
+	for range 3 {
+		d, err := l.Check(ctx, spent)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	d, err := l.Check(ctx, spent)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, SourceStore, d.Source)
+	dayEnd := clock.Now().Truncate(24 * time.Hour).Add(24 * time.Hour)
+	require.InDelta(t, dayEnd.Sub(clock.Now()).Seconds(), d.RetryAfter().Seconds(), 1, "the store's retry time is the window's end")
+
+	store.failing.Store(true)
+	clock.Advance(5 * time.Second) // past the entry's bound while the store is up (1 s)
+	calls := store.calls.Load()
+	d, err = l.Check(ctx, spent)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed, "the store's rejection stands while it cannot answer")
+	assert.Equal(t, SourceFallback, d.Source, "decided without the store")
+	require.Len(t, d.Policies, 1)
+	assert.Equal(t, SourceDenyCache, d.Policies[0].Source, "from the store's last answer")
+	assert.InDelta(t, dayEnd.Sub(clock.Now()).Seconds(), d.RetryAfter().Seconds(), 1, "with the store's retry time")
+	assert.Equal(t, calls+1, store.calls.Load(), "the store was asked first (it failed)")
+
+	d, err = l.Check(ctx, other)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed, "a subject the store had not rejected gets the fallback")
+	assert.Equal(t, SourceFallback, d.Source)
+	assert.Equal(t, SourceFallback, d.Policies[0].Source)
+
+	clock.Advance(dayEnd.Sub(clock.Now()) + time.Second) // the next UTC day
+	d, err = l.Check(ctx, spent)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed, "a new window: the fallback decides")
+	assert.Equal(t, SourceFallback, d.Policies[0].Source)
+
+	store.failing.Store(false)
+	d, err = l.Check(ctx, spent)
+	require.NoError(t, err)
+	assert.Equal(t, SourceStore, d.Source, "the store decides again once it answers")
+}

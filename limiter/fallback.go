@@ -36,7 +36,9 @@ import (
 //
 // A limiter starts empty (full bucket, empty queue, zero counts) when the
 // store first fails for its key: what the store had already counted in the
-// current window is not known in process. Global bucket policies use the
+// current window is not known in process, except its rejections: a
+// request the store rejected (the deny cache) is rejected again until the
+// store's retry time before the fallback is asked (Limiter.fallbackAll). Global bucket policies use the
 // region's default share (rate and burst / Regions); global windows count
 // this instance's admissions against the scaled limit.
 //

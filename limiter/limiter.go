@@ -819,7 +819,7 @@ func (l *Limiter) decide(ctx context.Context, now time.Time, pols []*Policy, sub
 		return fmt.Errorf("%w: %w", ErrCanceled, err)
 	}
 	nowNs := now.UnixNano()
-	if l.deny != nil && !req.Peek && l.denyHit(now, nowNs, pols, subjs, req, d) {
+	if l.deny != nil && !req.Peek && l.denyHit(now, nowNs, pols, subjs, req, d, false) {
 		return nil
 	}
 	ok, probe := l.breaker.Allow(now)
@@ -845,15 +845,21 @@ func (l *Limiter) decide(ctx context.Context, now time.Time, pols []*Policy, sub
 // denyHit answers the whole request from the deny cache if an enforced
 // policy of any of its subjects rejects req's cost there: no store call
 // is made for any subject, and only the cached policies are reported.
-func (l *Limiter) denyHit(now time.Time, nowNs int64, pols []*Policy, subjs []Subject, req *Request, d *Decision) bool {
+// With stale (the store cannot answer), an entry answers until the
+// store's retry time (denyCache.lookupStale).
+func (l *Limiter) denyHit(now time.Time, nowNs int64, pols []*Policy, subjs []Subject, req *Request, d *Decision, stale bool) bool {
 	hit := false
+	lookup := l.deny.lookup
+	if stale {
+		lookup = l.deny.lookupStale
+	}
 	for i, p := range pols {
 		if p.Mode != Enforce {
 			continue
 		}
 		subj := subjs[i]
 		cost := costOf(p, req)
-		e, ok := l.deny.lookup(denyKey{policy: p.ID, kind: subj.Kind, value: subj.Value}, cost, nowNs)
+		e, ok := lookup(denyKey{policy: p.ID, kind: subj.Kind, value: subj.Value}, cost, nowNs)
 		if !ok {
 			continue
 		}
@@ -919,8 +925,17 @@ func (l *Limiter) fillDenyCache(nowNs int64, pds []PolicyDecision, req *Request)
 	}
 }
 
-// fallbackAll answers the request in process, all subjects at once.
+// fallbackAll answers the request in process, all subjects at once. A
+// request the store rejected for an enforced policy, with a retry time
+// still to come, is rejected again from the deny cache (denyHit, stale)
+// before the fallback's own limiters count anything: the store's last
+// word stands while it cannot speak (the request's Source is still
+// SourceFallback, its cached policies' SourceDenyCache).
 func (l *Limiter) fallbackAll(now time.Time, pols []*Policy, subjs []Subject, req *Request, d *Decision) error {
+	if l.deny != nil && !req.Peek && l.denyHit(now, now.UnixNano(), pols, subjs, req, d, true) {
+		d.Source = worse(d.Source, SourceFallback)
+		return nil
+	}
 	var costBuf [16]int64
 	costs := costBuf[:0]
 	for _, p := range pols {
