@@ -403,12 +403,25 @@ func TestBinariesGlobalLimits(t *testing.T) {
 	// taken as 3 s (measured: 1.35 s at most on loopback with 1 s flushes).
 	// The window is the UTC day: a run across midnight has two, each
 	// held to the bound on its own (the client's second s is t0 + s).
+	// A decision the in-process fallback admitted (a store call past its
+	// deadline on a loaded machine: fail open, seed design 7.6) is not
+	// counted in Redis, so the bound adds the gateways' fallback
+	// admissions of the daily policy, as the fault tests do; each is
+	// logged. (A subject the store had found spent is not re-opened by
+	// the fallback: limiter's TestFallbackKeepsTheStoresLastRejection.)
 	const lag, othersRate = 3.0, 20.0
+	dailyFallbackAllowed := regexp.MustCompile(`^quotient_limiter_decisions_total\{decision="allowed",policy="daily",.*source="fallback"`)
+	var fbAllowed float64
+	for _, r := range rs {
+		n := metricSum(t, r.gateway+"/metrics", dailyFallbackAllowed)
+		t.Logf("k-daily: %s's gateway: %.0f admitted by the fallback", r.name, n)
+		fbAllowed += n
+	}
 	t.Logf("k-daily: admitted per region: %d %d %d",
 		out.perReg["k-daily/ap-south"], out.perReg["k-daily/eu-west"], out.perReg["k-daily/us-east"])
 	for _, d := range perUTCDay(t0, out.demand["k-daily"], out.admitted["k-daily"]) {
-		t.Logf("k-daily: UTC day %s: admitted %d of limit %d, demand %d", d.day, d.admitted, dailyLimit, d.demand)
-		assert.LessOrEqual(t, float64(d.admitted), dailyLimit+lag*othersRate, "day %s: overshoot beyond the bound", d.day)
+		t.Logf("k-daily: UTC day %s: admitted %d of limit %d, demand %d (bound %.0f + %.0f fallback admissions)", d.day, d.admitted, dailyLimit, d.demand, dailyLimit+lag*othersRate, fbAllowed)
+		assert.LessOrEqual(t, float64(d.admitted), dailyLimit+lag*othersRate+fbAllowed, "day %s: overshoot beyond the bound", d.day)
 		assert.GreaterOrEqual(t, float64(d.admitted), (1-maxError)*min(dailyLimit, float64(d.demand)), "day %s: the daily window under-serves", d.day)
 	}
 }
