@@ -94,6 +94,10 @@
 // which exactly one part's consumer reads when n >= P: the mismatch is
 // refused and counted by the replica running that part, not by every
 // replica of the region.
+// Coordinators of an older version with P > 1 placed parts by key hash:
+// while a fleet is upgraded, their reports may land where an upgraded
+// part's consumer does not read, and that region looks silent to the
+// part (safe, the silence rule) until it is upgraded too.
 //
 // Transfers between decisions run per part too: each part's driver reads
 // the pressure marks and keeps its part's keys, and takes only its part's
