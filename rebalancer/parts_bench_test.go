@@ -42,7 +42,8 @@ const partsBenchParts = 4
 // consumption included: the coordinator's work plus the in-process
 // broker's share and the GC), consume-cpu-ms/replica (the replica's part
 // consumers, started for the epoch on a new bus, reading the other
-// regions' reports of the epoch and skipping the other parts' messages),
+// regions' reports of the epoch from their parts' partitions only: the
+// topic has max(3, parts) partitions, as the coordinator creates it),
 // redis-cpu-ms/replica, wall-ms/replica (the parts run one after the
 // other here; a replica runs them concurrently), keys/replica, cpu-us/key
 // (cpu-ms/replica over the keys the replica decides) and all-cpu-us/key
@@ -80,6 +81,9 @@ func benchParts(b *testing.B, nkeys, parts, replicas int) {
 		cfg := kafkabus.DefaultConfig()
 		cfg.TopicPollInterval = 100 * time.Millisecond
 		cfg.Lookback = lookback
+		// As region.Coordinator creates it: a partition per part, so each
+		// part's consumer reads only its own (kafkabus.Bus.RunPart).
+		cfg.Partitions = max(cfg.Partitions, parts)
 		bus, err := kafkabus.New(cl, cfg)
 		require.NoError(b, err)
 		return bus, func() { _ = bus.Close(); _ = cl.Close() }

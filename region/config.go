@@ -158,9 +158,13 @@ type Config struct {
 	// highest rendezvous hash (membership.OwnerOf) and the daily-quota
 	// replication runs on the leader; without it, this replica runs
 	// StaticParts. UsageShards must be a multiple of Parts, and Parts > 1
-	// needs UsageSplitShards 0 (see the package doc). Default 1: one
-	// part, the whole key space,
-	// exactly the protocol and wire format without parts.
+	// needs UsageSplitShards 0 (see the package doc). The usage topic, when
+	// the coordinator creates it, gets max(3, Parts) partitions, and each
+	// part's consumer reads only its part's partition
+	// (kafkabus.PartitionOf); an existing topic keeps its partitions
+	// (fewer than Parts: parts share partitions, still correct). Default 1:
+	// one part, the whole key space, exactly the protocol and wire format
+	// without parts.
 	Parts int
 	// StaticParts, with Parts > 1 and without Gossip, are the parts this
 	// replica runs (each in [0, Parts), once); the operator runs every

@@ -156,6 +156,9 @@ func New(cfg Config) (*Coordinator, error) {
 	// and the silence rule, whatever the epoch length.
 	bcfg.Lookback = max(bcfg.Lookback, time.Duration(rcfg.SilenceEpochs+3)*rcfg.Epoch)
 	bcfg.Now = cfg.Clock.Now
+	// A partition per part: each part's consumer reads only its own
+	// (kafkabus.PartitionOf). An existing topic keeps its count.
+	bcfg.Partitions = max(bcfg.Partitions, c.parts)
 	if c.bus, err = kafkabus.New(c.kafka, bcfg); err != nil {
 		return fail(err)
 	}

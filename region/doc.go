@@ -79,6 +79,26 @@
 // replication stays on the leader (the smallest live name). Without
 // Gossip a replica runs Config.StaticParts (all by default).
 //
+// Each part's reports go to partition PartitionOf(part, n) of the usage
+// topic (n its partition count; the coordinator creates the topic with
+// max(3, P) partitions, so each part has its own), and each part's
+// consumer reads only that partition of each consumed topic
+// (kafkabus.Bus.RunPart), plus the partitions no part's reports land on
+// when n > P: a replica running k parts fetches about k/P of the topic.
+// An existing topic with fewer partitions than P keeps its count (Kafka
+// does not shrink or re-create it): parts then share partitions, each
+// consumer still keeps only its part's messages (by key), correct but less
+// split; add partitions (kafka-topics --alter) to split it fully, a
+// consumer finds them within its poll interval. Reports of a region
+// without parts (or with another P) land on their key's hash partition,
+// which exactly one part's consumer reads when n >= P: the mismatch is
+// refused and counted by the replica running that part, not by every
+// replica of the region.
+// Coordinators of an older version with P > 1 placed parts by key hash:
+// while a fleet is upgraded, their reports may land where an upgraded
+// part's consumer does not read, and that region looks silent to the
+// part (safe, the silence rule) until it is upgraded too.
+//
 // Transfers between decisions run per part too: each part's driver reads
 // the pressure marks and keeps its part's keys, and takes only its part's
 // keys of every ask and give (a message with none is dropped); a give's
@@ -88,12 +108,8 @@
 // What P > 1 does not do (yet): each part's driver reads every pressure
 // mark and every transfer message and keeps its own (a replica running k
 // parts reads them k times), and the gateways' wake token wakes one of
-// them (the others read at their interval); each part's consumer fetches
-// the whole usage topic and skips the other parts' messages by their key
-// ("<region>/<part>") without decoding them, so a replica that runs k
-// parts fetches every message k times (a part's messages stay ordered in
-// one Kafka partition, but a consumer does not yet select partitions); a first
-// start looks for any report of the region, of any part, so a part that
+// them (the others read at their interval); a first start looks for any
+// report of the region, of any part, so a part that
 // finds another part's report warms up (safe, slower); the metrics of
 // the epoch loop (keys, epoch durations, decisions) are the sum or the
 // last of the parts this replica runs, and /healthz lists each part.

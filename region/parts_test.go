@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -247,6 +250,56 @@ func partReports(t *testing.T, brokers []string, regionName string) []*quotientv
 	}
 }
 
+// checkPlacement asserts that the usage topic has a partition per part
+// (the coordinator created it with max(3, Parts)) and that every message of
+// region's part p is on partition p, as each part's consumer, which
+// reads only its partition (kafkabus.Bus.RunPart), needs. It returns the
+// messages it saw per partition.
+func checkPlacement(t *testing.T, brokers []string, regionName string) map[int]int {
+	cl, err := kafkautil.New(kafkautil.DefaultConfig(brokers...))
+	require.NoError(t, err)
+	defer func() { _ = cl.Close() }()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	ids, err := cl.Partitions(ctx, kafkabus.DefaultTopic)
+	require.NoError(t, err)
+	require.Len(t, ids, partsCount, "the usage topic has a partition per part")
+	type msg struct {
+		partition int
+		key       string
+	}
+	ch := make(chan msg, 1024)
+	go func() {
+		_ = kafkautil.ConsumeTopics(ctx, cl, kafkautil.ConsumeConfig{Topics: []string{kafkabus.DefaultTopic}},
+			func(ctx context.Context, _ string, partition int, m kafka.Message) error {
+				select {
+				case ch <- msg{partition, string(m.Key)}:
+				case <-ctx.Done():
+				}
+				return nil
+			})
+	}()
+	per := map[int]int{}
+	for {
+		select {
+		case m := <-ch:
+			region, part, ok := strings.Cut(m.key, "/")
+			if region != regionName {
+				continue
+			}
+			require.True(t, ok, "key %q has its part", m.key)
+			p, err := strconv.Atoi(part)
+			require.NoError(t, err)
+			require.Equal(t, kafkabus.PartitionOf(p, partsCount), m.partition, "key %q on its part's partition", m.key)
+			per[m.partition]++
+		case <-time.After(3 * time.Second): // quiet for 3 s: all read
+			return per
+		case <-ctx.Done():
+			t.Fatal("reading the usage topic: timed out")
+		}
+	}
+}
+
 // checkReports asserts that the reports of region each hold keys of their
 // part only, that no (epoch, part) was published twice, that no key is in
 // two reports of one epoch, and returns how many reports each part had.
@@ -286,6 +339,9 @@ func checkReports(t *testing.T, reports []*quotientv1.UsageReport) map[int32]int
 // is decided by exactly one replica per epoch), every replica writes only
 // the keys of its parts (transfers between decisions on), and the share records of
 // the two regions sum to at most the limit at every check (every 50 ms).
+// The usage topic has a partition per part and each part's messages are on
+// its own (checkPlacement): every part's consumer, reading only that
+// partition, still gets every region's reports.
 func TestPartsStatic(t *testing.T) {
 	for _, n := range []int{1, 2, 4} {
 		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {
@@ -355,6 +411,8 @@ func TestPartsStatic(t *testing.T) {
 
 			reports := partReports(t, f.kc.ListenAddrs(), "eu")
 			perPart := checkReports(t, reports)
+			placed := checkPlacement(t, f.kc.ListenAddrs(), "eu")
+			assert.Len(t, placed, partsCount, "every part's partition holds its messages: %v", placed)
 			for p := range partsCount {
 				assert.Positive(t, perPart[int32(p)], "part %d published", p)
 			}
@@ -371,7 +429,7 @@ func TestPartsStatic(t *testing.T) {
 				}
 			}
 			assert.Positive(t, written, "eu's replicas wrote shares")
-			t.Logf("%d replicas: %d reports of eu, per part %v; %d share updates written by eu; %d sum checks", n, len(reports), perPart, written, checks)
+			t.Logf("%d replicas: %d reports of eu, per part %v; messages per partition %v; %d share updates written by eu; %d sum checks", n, len(reports), perPart, placed, written, checks)
 		})
 	}
 }
@@ -383,8 +441,9 @@ func TestPartsStatic(t *testing.T) {
 // are run; a replica that owns parts is killed (no goodbye): the
 // survivors take its parts over (through the part's fence and the warm
 // start) and publish them again. No (epoch, part) of eu is published
-// twice, no key is in two reports of one epoch, and the share records of
-// both regions sum to at most the limit at every check.
+// twice, no key is in two reports of one epoch, the share records of
+// both regions sum to at most the limit at every check, and each part's
+// messages are on its own partition (checkPlacement).
 func TestPartsTakeover(t *testing.T) {
 	f := newPartsFleet(t)
 	names := []string{"eu-a", "eu-b", "eu-c"}
@@ -481,7 +540,9 @@ func TestPartsTakeover(t *testing.T) {
 	for p := range partsCount {
 		assert.Positive(t, perPart[int32(p)], "part %d published", p)
 	}
-	t.Logf("%d reports of eu, per part %v; %d sum checks", len(reports), perPart, checks)
+	placed := checkPlacement(t, f.kc.ListenAddrs(), "eu")
+	assert.Len(t, placed, partsCount, "every part's partition holds its messages: %v", placed)
+	t.Logf("%d reports of eu, per part %v; messages per partition %v; %d sum checks", len(reports), perPart, placed, checks)
 }
 
 // TestPartsConfig: New refuses a part count that does not divide the

@@ -16,9 +16,20 @@ const minTopicWait = 50 * time.Millisecond
 // ConsumeConfig says what ConsumeTopics reads and from where. Topics is
 // required; every other zero field takes its default.
 type ConsumeConfig struct {
-	// Topics are read, every partition of each. Required: at least one,
-	// each non-empty, no name twice.
+	// Topics are read, every partition of each unless Select says
+	// otherwise. Required: at least one, each non-empty, no name twice.
 	Topics []string
+	// Select, if not nil, says which partitions of topic are read, given
+	// the topic's partition count (partitions >= 1; a topic's partitions
+	// are 0 .. partitions-1). It is called at every check that finds the
+	// topic (ConsumeConfig.PollInterval), so partitions added later go
+	// through it too; ids outside [0, partitions) and repeats are ignored,
+	// and an empty result reads nothing of topic (for now). A partition
+	// once read stays read until ConsumeTopics returns, even if a later
+	// call no longer selects it (readers are never stopped one by one). It
+	// may be called concurrently for different topics and must not block.
+	// Default nil: every partition.
+	Select func(topic string, partitions int) []int
 	// PollInterval is how often ConsumeTopics looks again for partitions
 	// added to known topics; while a topic is missing (or metadata requests
 	// fail) it looks sooner, from 50 ms doubling up to PollInterval.
@@ -126,10 +137,11 @@ type consumer struct {
 	recs chan record
 }
 
-// ConsumeTopics reads every partition of every cfg.Topics topic, without a
-// consumer group or committed offsets, and calls handle with each message,
-// from the calling goroutine, one call at a time: in offset order within a
-// partition, in arrival order across partitions. handle gets a context
+// ConsumeTopics reads every partition of every cfg.Topics topic (those
+// cfg.Select chooses, when set), without a consumer group or committed
+// offsets, and calls handle with each message, from the calling goroutine,
+// one call at a time: in offset order within a partition, in arrival order
+// across partitions. handle gets a context
 // that ends when ConsumeTopics stops; while it runs, reading stalls once
 // cfg.Buffer messages wait (backpressure), so it should return quickly.
 //
@@ -205,6 +217,9 @@ func (cs *consumer) watch(ctx context.Context, topic string) error {
 			// cluster may be briefly unreachable.
 		default:
 			setMissing(false)
+			if cs.cfg.Select != nil {
+				ids = selected(ids, cs.cfg.Select(topic, len(ids)))
+			}
 			if cs.start(ctx, topic, ids, started) {
 				wait = poll
 			}
@@ -218,6 +233,22 @@ func (cs *consumer) watch(ctx context.Context, topic string) error {
 		}
 		wait = min(2*wait, poll)
 	}
+}
+
+// selected returns the ids of ids (sorted) that sel names, in order, once
+// each.
+func selected(ids, sel []int) []int {
+	keep := make(map[int]bool, len(sel))
+	for _, id := range sel {
+		keep[id] = true
+	}
+	out := ids[:0:0]
+	for _, id := range ids {
+		if keep[id] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // start starts a reader for each partition of ids not in started, and

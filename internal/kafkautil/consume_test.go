@@ -195,6 +195,60 @@ func TestConsumeTopicsFindsTopicsAndPartitionsLater(t *testing.T) {
 	}
 }
 
+// TestConsumeTopicsSelect: with Select, only the partitions it names are
+// read (ids out of range and repeats ignored); it is asked again with the
+// new count when partitions are added, and a partition it chose before
+// stays read after it no longer names it.
+func TestConsumeTopicsSelect(t *testing.T) {
+	cl := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	require.NoError(t, cl.EnsureTopics(ctx, kafkautil.RetainedTopic("s", 3, 1, time.Hour)))
+	produce(t, cl, "s", 0, "s0-0")
+	produce(t, cl, "s", 1, "s1-0")
+	produce(t, cl, "s", 2, "s2-0")
+
+	var mu sync.Mutex
+	counts := map[int]bool{}
+	r := startConsume(t, cl, kafkautil.ConsumeConfig{
+		Topics:       []string{"s"},
+		PollInterval: 100 * time.Millisecond,
+		// The last partition, repeated, and one out of range.
+		Select: func(topic string, partitions int) []int {
+			assert.Equal(t, "s", topic)
+			mu.Lock()
+			counts[partitions] = true
+			mu.Unlock()
+			return []int{partitions - 1, 7, partitions - 1}
+		},
+	})
+	first := r.next(t, 1)
+	assert.Equal(t, []string{"s/2@0=s2-0"}, strs(first))
+
+	resp, err := cl.Client().CreatePartitions(ctx, &kafka.CreatePartitionsRequest{
+		Topics: []kafka.TopicPartitionsConfig{{Name: "s", Count: 4}},
+	})
+	require.NoError(t, err)
+	require.NoError(t, resp.Errors["s"])
+	require.Eventually(t, func() bool {
+		ids, err := cl.Partitions(ctx, "s")
+		return err == nil && len(ids) == 4
+	}, deadline, 20*time.Millisecond)
+	produce(t, cl, "s", 0, "s0-1")
+	produce(t, cl, "s", 3, "s3-0")
+	produce(t, cl, "s", 2, "s2-1")
+	later := r.next(t, 2)
+	assert.ElementsMatch(t, []string{"s/3@0=s3-0", "s/2@1=s2-1"}, strs(later), "the added partition is selected, the one selected before stays read")
+	require.ErrorIs(t, r.stop(t), context.Canceled)
+	close(r.msgs)
+	for g := range r.msgs {
+		t.Errorf("message of a partition not selected: %v", g)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, map[int]bool{3: true, 4: true}, counts, "Select is given each partition count seen")
+}
+
 // TestConsumeTopicsStartOffsetsAndRestart: partitions start where
 // StartOffsets says; a reader whose offset is out of range asks
 // StartOffsets again for its partition, reports the move through Restarted,

@@ -20,7 +20,8 @@
 //     Close does not wait for the fetch the broker holds.
 //   - A bounded retry for UnknownTopicOrPartition (RetryUnknownTopic).
 //   - The consumer loop of a bus (ConsumeTopics): every partition of a list
-//     of topics, one reader goroutine per partition, start offsets chosen
+//     of topics (or those ConsumeConfig.Select chooses from each topic's
+//     partition count), one reader goroutine per partition, start offsets chosen
 //     by the caller (FirstOffsets, Cluster.StartAt) and asked again when
 //     retention removed a reader's offset, topics and partitions that appear
 //     later found by polling with a capped backoff, messages handed to the

@@ -1,7 +1,6 @@
 package kafkabus
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -124,8 +123,9 @@ type AdapterStats struct {
 	// PartsMismatch counts reports dropped because their key_parts is not
 	// the adapter's (also in Rejected).
 	PartsMismatch int64
-	// OtherPart counts reports of another key part, skipped (not errors:
-	// each part's adapter reads the whole topic and keeps its part's).
+	// OtherPart counts reports of another key part that were decoded and
+	// then skipped (not errors; most are skipped undecoded, by message key,
+	// and counted in Stats.SkippedParts only).
 	OtherPart int64
 }
 
@@ -179,9 +179,16 @@ func NewAdapter(bus *Bus, epoch time.Duration, now func() time.Time) (*Adapter, 
 // delivers only the reports of key part part, skipping the other parts'
 // (AdapterStats.OtherPart) and rejecting those whose key_parts differs
 // (ErrPartsMismatch; a report without key_parts is of part 0 of 1). Each
-// part's adapter reads the whole topic, but decodes only the messages
-// keyed with its own part (or with no part): a replica running k parts
-// fetches every message k times and decodes each of its parts' once.
+// part's adapter reads only its part's partition of each topic
+// (Bus.RunPart: PartitionOf(part, n), where Publish places the part's
+// reports, plus the partitions no part's reports are placed on), and
+// decodes only the messages keyed with its own part (or with no part, or a
+// part beyond parts): a replica running k of the parts fetches its parts'
+// messages, not the whole topic k times. So a mismatch is seen by the
+// part whose partition the other sender's report lands on: every
+// report of a sender without parts reaches exactly one part's consumer of
+// each region (at least one, with fewer partitions than parts), not every
+// part's.
 func NewPartAdapter(bus *Bus, epoch time.Duration, now func() time.Time, part, parts int) (*Adapter, error) {
 	if parts < 1 || parts > maxKeyParts || part < 0 || part >= parts {
 		return nil, fmt.Errorf("%w: adapter: part %d of %d, want 0 <= part < parts <= %d", ErrConfig, part, parts, maxKeyParts)
@@ -218,14 +225,10 @@ func (a *Adapter) Receive(ctx context.Context) (*rebalancer.Report, error) {
 	}
 }
 
-// Run consumes with Bus.Run until ctx ends or the consumer fails, and
-// returns Bus.Run's error (ctx.Err() on cancellation).
+// Run consumes with Bus.RunPart (Bus.Run without parts) until ctx ends or
+// the consumer fails, and returns its error (ctx.Err() on cancellation).
 func (a *Adapter) Run(ctx context.Context) error {
-	var keep func([]byte) bool
-	if a.parts > 1 {
-		keep = a.keepKey
-	}
-	return a.bus.RunKeys(ctx, keep, func(p *quotientv1.UsageReport) {
+	return a.bus.RunPart(ctx, int(a.part), int(a.parts), func(p *quotientv1.UsageReport) {
 		if parts := max(1, p.GetKeyParts()); parts != a.parts {
 			a.mismatch.Add(1)
 			reject(&a.rejected, a.OnReject, fmt.Errorf("%w: region %q epoch %d: key parts %d, this coordinator uses %d", ErrPartsMismatch, p.GetRegion(), p.GetEpoch(), parts, a.parts))
@@ -246,27 +249,6 @@ func (a *Adapter) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	})
-}
-
-// keepKey reports whether a part adapter decodes the message with Kafka
-// key key: unless the key ends in "/<digits>" of another part than its
-// own (the messages of another key part, skipped undecoded; Bus.RunKeys).
-// Keys without a part (senders without parts, or anything else) are
-// decoded, so that a report of another part count is still seen and
-// refused.
-func (a *Adapter) keepKey(key []byte) bool {
-	i := bytes.LastIndexByte(key, '/')
-	if i < 0 || i == len(key)-1 {
-		return true
-	}
-	n := 0
-	for _, c := range key[i+1:] {
-		if c < '0' || c > '9' || n > maxKeyParts {
-			return true
-		}
-		n = n*10 + int(c-'0')
-	}
-	return n == int(a.part)
 }
 
 // Stats returns the adapter's counters.

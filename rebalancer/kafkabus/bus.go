@@ -69,7 +69,11 @@ type Config struct {
 	// Default false: the Bus creates its topic.
 	SkipCreateTopic bool
 	// Partitions of a Topic the Bus creates. Default 3; -1 means the
-	// broker's default.
+	// broker's default. A coordinator with key parts wants at least as
+	// many as its parts, so that each part's reports have a partition of
+	// their own (PartitionOf; region.Config.Parts creates max(3, Parts));
+	// an existing topic keeps its count: with fewer partitions than parts,
+	// parts share partitions, which is still correct, just less split.
 	Partitions int
 	// ReplicationFactor of a Topic the Bus creates. Default -1, the broker's
 	// default.replication.factor.
@@ -174,7 +178,7 @@ type Stats struct {
 	PublishedReports int64 // reports Publish sent
 	PublishedParts   int64 // messages Publish sent
 	ConsumedParts    int64 // messages Run read
-	SkippedParts     int64 // messages RunKeys skipped undecoded (another key part's)
+	SkippedParts     int64 // messages RunPart or RunKeys skipped undecoded (another key part's)
 	DeliveredReports int64 // whole reports Run delivered
 	Duplicates       int64 // parts dropped as duplicates of held or recently delivered ones
 	Malformed        int64 // messages that did not decode or were not valid parts
@@ -331,10 +335,13 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 	msgs := make([]kafka.Message, len(bounds))
 	// The message key is the sender's region (and key part, with key
 	// parts): the messages of one sender stay in one partition, in order.
+	// With key parts, the KeyPartHeader places them on the part's
+	// partition (PartitionOf), not the key's hash.
 	key := []byte(r.GetRegion())
 	if r.GetKeyParts() > 1 {
 		key = []byte(r.GetRegion() + "/" + strconv.Itoa(int(r.GetKeyPart())))
 	}
+	headers := keyPartHeaders(r.GetKeyPart(), r.GetKeyParts())
 	lo := 0
 	for i, hi := range bounds {
 		part := &quotientv1.UsageReport{
@@ -348,7 +355,7 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: region %q: encode part %d: %v", ErrInvalidReport, r.GetRegion(), i, err)
 		}
-		msgs[i] = kafka.Message{Key: key, Value: v, Time: now}
+		msgs[i] = kafka.Message{Key: key, Value: v, Time: now, Headers: headers}
 		lo = hi
 	}
 	return msgs, nil

@@ -28,7 +28,12 @@
 // # Messages
 //
 // Message key = the report's region, so one region's reports stay in one
-// partition and in publish order. Value = a serialized UsageReport part.
+// partition and in publish order; its partition is the key's hash
+// (kafka.Murmur2Balancer). A report with key parts (key_parts > 1) is
+// keyed "<region>/<key part>", carries the record header KeyPartHeader
+// and goes to partition PartitionOf(key part, the topic's partition
+// count), so that each part's consumer (RunPart) reads only its part's
+// partition. Value = a serialized UsageReport part.
 // The record timestamp is the publisher's clock at Publish (Config.Now).
 // A report larger than Config.MaxMessageBytes is split into parts (part,
 // parts; every part repeats the header and heard list, keys are divided),
@@ -41,7 +46,7 @@
 // # Where a consumer starts
 //
 // Run keeps no committed offsets and uses no consumer group: every region
-// reads every partition. Each partition starts at the first record whose
+// reads every partition (RunPart: its part's partition, see there). Each partition starts at the first record whose
 // timestamp is at or after now - Config.Lookback (default 60 s, six default
 // epochs), taken when Run discovers the partition. A (re)started coordinator
 // thus sees the recent reports it needs for the current epochs without

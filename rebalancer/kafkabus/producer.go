@@ -19,12 +19,16 @@ type busProducer struct {
 	prepareErrors atomic.Int64
 }
 
-// newBusProducer returns the producer of topic, writing batches of up to
-// maxMessageBytes, each held up to batchTimeout (<= 0: kafkautil's
+// newBusProducer returns the producer of topic, placing messages with
+// partBalancer (KeyPartHeader, else the key's hash), writing batches of up
+// to maxMessageBytes, each held up to batchTimeout (<= 0: kafkautil's
 // default), and creating the topic as create says (nil: never). It does
 // no I/O; an error is the cluster's, unwrapped.
 func newBusProducer(cluster *kafkautil.Cluster, topic string, maxMessageBytes int, batchTimeout time.Duration, create *kafkautil.TopicSpec) (*busProducer, error) {
 	wc := kafkautil.DefaultWriterConfig(topic)
+	// Reports of a key part go to their part's partition; everything else
+	// (reports without parts, transfers) by key hash, as before.
+	wc.Balancer = partBalancer{fallback: wc.Balancer}
 	wc.BatchBytes = int64(maxMessageBytes)
 	if batchTimeout > 0 {
 		wc.BatchTimeout = batchTimeout

@@ -8,7 +8,10 @@ locals {
   topics = {
     # One usage report per region per epoch, split into parts; keyed by
     # region so one region's reports stay ordered. Only recent epochs
-    # matter.
+    # matter. With --parts N > 3, give it N partitions (the coordinators
+    # create it with max(3, N)): each key part's reports go to partition
+    # part mod n and its consumer reads only that one; fewer partitions
+    # still work, with parts sharing partitions.
     "quotient.usage" = {
       partitions = 3
       config = {
