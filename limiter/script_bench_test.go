@@ -109,7 +109,8 @@ func (p *Policy) validateForBench() {
 // it, and reports µs per piece (the loop's own cost, measured alone, is
 // subtracted). These are the numbers behind the README's limiter-core
 // section on where a decision's Redis time goes (issue 16): the commands
-// of one policy (a GET, a SET ... PX), reading 64 keys by GETs or one
+// of one policy (a GET, a SET ... PX) and the cheaper ways to keep an
+// expiry (PXAT, KEEPTTL, PTTL, PEXPIREAT), reading 64 keys by GETs or one
 // MGET, the struct and string calls the script makes per policy, and the
 // per-op arrays of a call kept for 2 ops or for 64.
 func BenchmarkScriptPieces(b *testing.B) {
