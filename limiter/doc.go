@@ -123,7 +123,13 @@
 // at the rate of its last write (at rate 0: at the policy's own rate) plus
 // one second, a window until it ends (a month: until the next month
 // starts) plus one second, so an expired key and a live one decide alike
-// while the rate stays what it was. A token bucket takes 120 bytes of
+// while the rate stays what it was. On Redis a key may live up to two
+// seconds longer than that, never less: a write keeps the key's expiry
+// while it is long enough (SET ... KEEPTTL after a PTTL costs Redis less
+// than a new expiry on every write, see script.lua) and otherwise writes
+// one a second longer than it needs. Within those two seconds a bucket
+// whose rate fell since its last write reads its state at the new rate
+// rather than as full; windows decide alike either way. A token bucket takes 120 bytes of
 // Redis memory with a 32-character API key (MEMORY USAGE, Redis 7.0): a
 // 12-byte value, 16 bytes more than the single integer buckets kept before
 // they carried their tokens across rate changes.

@@ -53,6 +53,35 @@ local NANO_PER_MILLI = 1000000
 local MAXRATE, MAXBURST = 1000000000000, 1000000000
 local P48, P51 = 281474976710656, 2251799813685248
 
+-- Expiries. A write needs its key to live need ms more (the reset plus
+-- one second; see each algorithm below). Writing that expiry on every
+-- write costs most of the write (SET ... PX against SET ... KEEPTTL and a
+-- PTTL, BenchmarkScriptPieces), so a write keeps the key's current expiry
+-- while it is more than need and at most need + 2 * SLACK ms away, and
+-- otherwise writes need + SLACK. A key therefore expires at least need ms
+-- after the write (never earlier than a write of exactly need would make
+-- it) and at most 2 * SLACK ms later than that. The room above need +
+-- SLACK is for the clocks: the needed expiry of a window is fixed, but
+-- need and the PTTL are counted on two readings of the clock that round
+-- apart by a millisecond, so a key written with need + SLACK would be
+-- written again on every other write if the keep bound were need +
+-- SLACK. A key absent (PTTL -2) or without expiry (-1) always gets one.
+-- No stored layout changes: releases before this rule read these keys.
+local SLACK = 1000
+-- fresh(key, need): whether key's expiry must be written (see above).
+local function fresh(key, need)
+  local cur = call('PTTL', key)
+  return cur <= need or cur > need + 2 * SLACK
+end
+-- set(key, value, need): SET with the expiry rule above.
+local function set(key, v, need)
+  if fresh(key, need) then
+    call('SET', key, v, 'PX', need + SLACK)
+  else
+    call('SET', key, v, 'KEEPTTL')
+  end
+end
+
 -- month(ms): the UTC calendar month containing ms, as start, end (ms).
 -- internal/calendar/month.go (MonthAt) in doubles: every value is an
 -- integer below 2^53 and every division is floored, so both are exact.
@@ -328,7 +357,7 @@ local function write()
         local tms = now
         local u = a - (nowus - tms * 1000) * rate + P51
         local hi = (u - u % P48) / P48
-        call('SET', key, pack('>I6I6', tms * 16 + hi, u - hi * P48), 'PX', reset + 1000)
+        set(key, pack('>I6I6', tms * 16 + hi, u - hi * P48), reset + 1000)
       end
     elseif algo == 3 then
       if write then b = b + cost end
@@ -337,7 +366,7 @@ local function write()
       remaining = limit - b
       if remaining < 0 then remaining = 0 end
       reset = WEND[i] - t
-      if write then call('SET', key, sformat('%d:%d', a, b), 'PX', reset + 1000) end
+      if write then set(key, sformat('%d:%d', a, b), reset + 1000) end
     elseif algo == 6 then
       if write then
         b = b + cost
@@ -357,7 +386,7 @@ local function write()
       if write then
         if ROLLED[i] then call('DEL', key) end
         call('HSET', key, 'w', a, 'n:' .. REGION[i], c)
-        call('PEXPIRE', key, reset + 1000)
+        if fresh(key, reset + 1000) then call('PEXPIRE', key, reset + 1000 + SLACK) end
       end
     elseif algo == 5 then
       if write then b = b + cost end
@@ -372,7 +401,7 @@ local function write()
       elseif c > 0 then
         reset = win - e
       end
-      if write then call('SET', key, sformat('%d:%d:%d', a, b, c), 'PX', 2 * win - e + 1000) end
+      if write then set(key, sformat('%d:%d:%d', a, b, c), 2 * win - e + 1000) end
     elseif algo == 4 then
       local log = LOG[i]
       local t = now
@@ -387,7 +416,7 @@ local function write()
       if write then
         if TRIM[i] > 0 then call('LTRIM', key, TRIM[i], -1) end
         call('RPUSH', key, sformat('%d:%d', t, cost))
-        call('PEXPIRE', key, win + 1000)
+        if fresh(key, win + 1000) then call('PEXPIRE', key, win + 1000 + SLACK) end
       end
     end
     local retry, delay = RETRY[i], DELAY[i]

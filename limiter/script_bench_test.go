@@ -109,7 +109,8 @@ func (p *Policy) validateForBench() {
 // it, and reports µs per piece (the loop's own cost, measured alone, is
 // subtracted). These are the numbers behind the README's limiter-core
 // section on where a decision's Redis time goes (issue 16): the commands
-// of one policy (a GET, a SET ... PX), reading 64 keys by GETs or one
+// of one policy (a GET, a SET ... PX) and the cheaper ways to keep an
+// expiry (PXAT, KEEPTTL, PTTL, PEXPIREAT), reading 64 keys by GETs or one
 // MGET, the struct and string calls the script makes per policy, and the
 // per-op arrays of a call kept for 2 ops or for 64.
 func BenchmarkScriptPieces(b *testing.B) {
@@ -127,6 +128,10 @@ func BenchmarkScriptPieces(b *testing.B) {
 		{"SET_KEEPTTL", `call('SET', 'piece:3', 'abcdefghijkl', 'KEEPTTL')`},
 		{"SET_no_TTL", `call('SET', 'piece:5', 'abcdefghijkl')`},
 		{"PEXPIRE", `call('PEXPIRE', 'piece:6', 5000)`},
+		{"PEXPIREAT", `call('PEXPIREAT', 'piece:7', 4102444800000)`},
+		{"PTTL", `call('PTTL', 'piece:2')`},
+		{"SET_PX_moving", `call('SET', 'piece:8', 'abcdefghijkl', 'PX', 5000 + i)`},
+		{"SET_PXAT_moving", `call('SET', 'piece:9', 'abcdefghijkl', 'PXAT', 4102444800000 + i)`},
 		{"GET_x64", `for j = 1, 64 do call('GET', K[j]) end`},
 		{"MGET_64", `call('MGET'` + mgetKeys.String() + `)`},
 		{"struct.unpack_op", `unpack('>BBI8I8I8I8I8i2c0', OP)`},
