@@ -591,6 +591,7 @@ func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
 			}
 		}
 		if info.PublishErr != nil {
+			d.core.NotPublished(m) // the next report is full (delta.go)
 			d.log.Warn("rebalancer: report not published", "epoch", m, "err", info.PublishErr)
 		}
 		info.Publish = d.clock.Now().Sub(t0)

@@ -1,6 +1,7 @@
 package rebalancer
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -74,6 +75,10 @@ type cluster struct {
 	// deliverFirst delivers every due report before any decision of the
 	// step (so decisions see complete views when nothing is lost).
 	deliverFirst bool
+	// senderOrder delivers the reports of one sender that are due in the
+	// same step in epoch order (as one Kafka partition does), still
+	// interleaved at random with the other senders'.
+	senderOrder bool
 	// checkRef compares each decision's mode with the naive reference.
 	checkRef bool
 	// skip is the probability that a region's driver misses a decision
@@ -373,6 +378,9 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 			}
 			if pub.Report != nil {
 				for _, kr := range pub.Report.Keys {
+					if kr.Removed {
+						continue // (a delta's line: claims the default)
+					}
 					st := h.core.held(kr.Key)
 					require.Equal(c.t, st.share, kr.Share, "region %s epoch %d key %v: the report claims what is enforced", h.name, e, kr.Key)
 				}
@@ -393,6 +401,7 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		if c.pubFail > 0 && c.r.Float64() < c.pubFail {
 			// The publication failed: the report is not on the bus, and
 			// the Core decides all the same (as the driver's does).
+			h.core.NotPublished(pub.Epoch)
 			continue
 		}
 		h.reports = append(h.reports, pub.Report)
@@ -448,6 +457,9 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 	}
 	c.inflight = keep
 	c.r.Shuffle(len(events), func(a, b int) { events[a], events[b] = events[b], events[a] })
+	if c.senderOrder {
+		inSenderOrder(events, func(e event) *msg { return e.deliver })
+	}
 	var decides []event
 	for i := range c.regs {
 		decides = append(decides, event{decide: i})
@@ -753,4 +765,30 @@ func (c cut) route(_ *rand.Rand, from, to int, e int64) []int64 {
 		return nil
 	}
 	return []int64{0}
+}
+
+// inSenderOrder sorts the deliveries of each (sender, receiver) pair by
+// epoch, keeping the positions the pairs' deliveries hold in events.
+func inSenderOrder[E any](events []E, deliver func(E) *msg) {
+	type pair struct {
+		from string
+		to   int
+	}
+	at := map[pair][]int{}
+	for i, e := range events {
+		if m := deliver(e); m != nil {
+			p := pair{m.rep.Region, m.to}
+			at[p] = append(at[p], i)
+		}
+	}
+	for _, idx := range at {
+		evs := make([]E, len(idx))
+		for n, i := range idx {
+			evs[n] = events[i]
+		}
+		slices.SortStableFunc(evs, func(a, b E) int { return cmp.Compare(deliver(a).rep.Epoch, deliver(b).rep.Epoch) })
+		for n, i := range idx {
+			events[i] = evs[n]
+		}
+	}
 }
