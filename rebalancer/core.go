@@ -430,7 +430,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 	if !warm {
 		// Sized for every key: most keys held are reported, and growing
 		// a million-line slice by appending cost a fifth of Collect.
-		delta = c.startReport(m)
+		delta = c.startReport(m, kind == usageExact)
 		size := c.nheld
 		if delta {
 			size = min(size, 64+size/16) // most keys are left out
@@ -502,7 +502,10 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 			}
 		}
 		if rep != nil && (st.demand > 0 || st.smoothed > 0 || st.share != lim.Default() || st.want != (shares.Share{})) {
-			c.reportLine(rep, delta, i, KeyReport{
+			// (A delta may publish the base's smoothed demand, within
+			// the tolerance: it becomes this key's, so that every view,
+			// this region's included, reads the same; delta.go.)
+			st.smoothed = c.reportLine(rep, delta, i, KeyReport{
 				Key: k, Demand: st.demand, Admitted: st.admitted, SmoothedDemandMilli: st.smoothed,
 				Share: st.share, Want: st.want,
 			})

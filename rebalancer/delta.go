@@ -37,6 +37,7 @@ type deltaSender struct {
 	lastPub int64 // epoch of the last report Collect returned; valid when pub
 	pub     bool
 	next    *sentBase // the full report being made by this Collect, when it is one
+	tol     int64     // the demand tolerance of this Collect's delta, permille
 }
 
 // deltaFor reports whether the report of epoch m is a delta: deltas are
@@ -59,10 +60,16 @@ func (c *Core) deltaFor(m int64) bool {
 
 // startReport prepares the sending side for the report of epoch m: a
 // delta (true) or a full report, which becomes the next base when deltas
-// are on.
-func (c *Core) startReport(m int64) bool {
+// are on. exact: the usage is the epoch's (Collect); otherwise (a lower
+// bound, or unknown) the delta is exact, so that leaving a key out never
+// lowers its smoothed demand (see CollectIncomplete).
+func (c *Core) startReport(m int64, exact bool) bool {
 	ds := &c.ds
 	ds.next = nil
+	ds.tol = 0
+	if exact {
+		ds.tol = c.cfg.DeltaDemandPermille
+	}
 	if c.deltaFor(m) {
 		clear(ds.base.matched)
 		return true
@@ -75,8 +82,12 @@ func (c *Core) startReport(m int64) bool {
 
 // reportLine adds kr, the line of the key of index j, to rep: always to a
 // full report (and to the next base), to a delta only when the base has no
-// line for the key or a line that differs (sameLine).
-func (c *Core) reportLine(rep *Report, delta bool, j int32, kr KeyReport) {
+// line for the key or a line that differs (sameLine). It returns the
+// smoothed demand the report publishes for the key: kr's, or the base's
+// when the delta leaves the key out (the caller makes it the key's
+// smoothed demand, so that this region's own view decides from what the
+// others read: package doc, "Delta reports").
+func (c *Core) reportLine(rep *Report, delta bool, j int32, kr KeyReport) int64 {
 	ds := &c.ds
 	if !delta {
 		rep.Keys = append(rep.Keys, kr)
@@ -84,18 +95,19 @@ func (c *Core) reportLine(rep *Report, delta bool, j int32, kr KeyReport) {
 			ds.next.idx = append(ds.next.idx, j)
 			ds.next.lines = append(ds.next.lines, sentLine{demand: kr.Demand, admitted: kr.Admitted, smoothed: kr.SmoothedDemandMilli, share: kr.Share, want: kr.Want})
 		}
-		return
+		return kr.SmoothedDemandMilli
 	}
 	b := ds.base
 	if int(j) < len(b.pos) {
 		if l := b.pos[j]; l > 0 {
 			b.matched[l-1] = true
-			if sameLine(&b.lines[l-1], &kr, c.cfg.DeltaDemandPermille) {
-				return
+			if bl := &b.lines[l-1]; sameLine(bl, &kr, ds.tol) {
+				return bl.smoothed
 			}
 		}
 	}
 	rep.Keys = append(rep.Keys, kr)
+	return kr.SmoothedDemandMilli
 }
 
 // finishReport completes the report of epoch m: a delta gets its Removed

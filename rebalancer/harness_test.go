@@ -32,6 +32,7 @@ type hregion struct {
 	decisions []Decision
 	reports   []*Report // reports it published (by every Core of the region)
 	fresh     bool      // its Core skipped the warm-up (StartFresh)
+	lastFull  *Report   // the last full report its Core returned (the base of its deltas)
 	// offset is how far this region's clock (its coordinator's and its
 	// Redis's) is ahead of true time, with cluster.skew: every event the
 	// harness plays at t happens at true time t - offset, and a record
@@ -226,6 +227,7 @@ func (c *cluster) fixRegionsAt(first int64) {
 // driver that read the whole span from the bus would decide.
 func (c *cluster) startCore(h *hregion, first int64) {
 	h.core = c.newCore(h.name)
+	h.lastFull = nil
 	h.received = nil
 	h.fresh = false
 	if !c.fresh {
@@ -390,6 +392,25 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		}
 		require.NoError(c.t, err)
 		require.Equal(c.t, e, pub.Epoch)
+		if rep := pub.Report; rep != nil {
+			// What the report publishes, expanded if a delta, is the
+			// Core's own state: its claims, and the smoothed demand its
+			// own view decides from (delta.go).
+			if rep.Base == 0 {
+				h.lastFull = rep
+			} else {
+				require.NotNil(c.t, h.lastFull, "region %s epoch %d: a delta without a full report before", h.name, e)
+				require.Equal(c.t, h.lastFull.Epoch, rep.Base)
+				rep = expandReport(h.lastFull, rep)
+			}
+			for _, kr := range rep.Keys {
+				st := h.core.held(kr.Key)
+				require.NotNil(c.t, st, "region %s epoch %d key %v", h.name, e, kr.Key)
+				require.Equal(c.t, st.share, kr.Share, "region %s epoch %d key %v: claim", h.name, e, kr.Key)
+				require.Equal(c.t, st.want, kr.Want, "region %s epoch %d key %v: want", h.name, e, kr.Key)
+				require.Equal(c.t, st.smoothed, kr.SmoothedDemandMilli, "region %s epoch %d key %v: smoothed demand", h.name, e, kr.Key)
+			}
+		}
 		if pub.Late != nil {
 			h.decisions = append(h.decisions, *pub.Late)
 			c.apply(h, end, pub.Late.Updates)

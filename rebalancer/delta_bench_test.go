@@ -1,0 +1,112 @@
+package rebalancer_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	quotientv1 "github.com/quotientlabs/quotient/proto/quotient/v1"
+	"github.com/quotientlabs/quotient/rebalancer"
+	"github.com/quotientlabs/quotient/rebalancer/kafkabus"
+	"github.com/quotientlabs/quotient/shares"
+)
+
+// BenchmarkDeltaSteady100k: three regions' Cores, 100,000 active global
+// keys, demand steady (each key's the same every epoch), after the shares
+// settled; one iteration is one epoch. Reports go through the wire form
+// (kafkabus.ToProto, proto.Marshal; proto.Unmarshal, kafkabus.FromProto).
+// It reports the Kafka bytes per key per epoch of region a's reports
+// (before compression; full reports every FullEvery-th epoch included),
+// and the time region a takes to decode and Receive the two other
+// regions' reports and Decide: the receiver's cost per epoch. Pure
+// in-memory work, no Redis nor broker: run it under flock.
+func BenchmarkDeltaSteady100k(b *testing.B) {
+	for _, deltas := range []bool{false, true} {
+		b.Run(fmt.Sprintf("deltas=%v", deltas), func(b *testing.B) { benchDeltaSteady(b, 100_000, deltas) })
+	}
+}
+
+func benchDeltaSteady(b *testing.B, nkeys int, deltas bool) {
+	const epoch = 10 * time.Second
+	names := []string{"a", "b", "c"}
+	lim := shares.Limit{RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}
+	cores := make([]*rebalancer.Core, len(names))
+	for i, n := range names {
+		cfg := rebalancer.DefaultConfig()
+		cfg.Region, cfg.Regions, cfg.Epoch = n, names, epoch
+		cfg.Deltas = deltas
+		c, err := rebalancer.New(cfg, rebalancer.PolicyMap{"g": lim})
+		require.NoError(b, err)
+		require.NoError(b, c.StartFresh())
+		cores[i] = c
+	}
+	usage := make([][]rebalancer.Usage, len(names))
+	for r := range names {
+		for k := range nkeys {
+			// Region a busy on a third of the keys, every region on some.
+			d := int64(10 + (k+r)%7)
+			if k%3 == r {
+				d *= 20
+			}
+			usage[r] = append(usage[r], rebalancer.Usage{Key: rebalancer.Key{PolicyID: "g", Subject: fmt.Sprintf("k:%07d", k)}, Demand: d, Admitted: d})
+		}
+	}
+	m := rebalancer.EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), epoch)
+	var bytesA int64
+	var recvDecide time.Duration
+	var unbased int64
+	step := func(measure bool) {
+		now := rebalancer.EpochStart(m+1, epoch).Add(time.Second)
+		wire := make([][]byte, len(names))
+		for i, c := range cores {
+			pub, err := c.Collect(now, usage[i])
+			require.NoError(b, err)
+			require.NotNil(b, pub.Report)
+			v, err := proto.Marshal(kafkabus.ToProto(pub.Report, epoch, now))
+			require.NoError(b, err)
+			wire[i] = v
+		}
+		if measure {
+			bytesA += int64(len(wire[0]))
+		}
+		for i, c := range cores {
+			t0 := time.Now()
+			for j := range cores {
+				if j == i {
+					continue
+				}
+				var p quotientv1.UsageReport
+				require.NoError(b, proto.Unmarshal(wire[j], &p))
+				r, err := kafkabus.FromProto(&p, epoch)
+				require.NoError(b, err)
+				_, err = c.ReceiveAt(now, r)
+				require.NoError(b, err)
+			}
+			_, err := c.Decide(now.Add(time.Second))
+			require.NoError(b, err)
+			if i == 0 && measure {
+				recvDecide += time.Since(t0)
+			}
+		}
+		m++
+	}
+	// Until the shares settled (and a full report went out after it).
+	for range 30 {
+		step(false)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		step(true)
+	}
+	b.StopTimer()
+	for _, c := range cores {
+		unbased += c.Stats().Unbased
+	}
+	b.ReportMetric(float64(bytesA)/float64(b.N)/float64(nkeys), "B/key/epoch")
+	b.ReportMetric(float64(recvDecide.Milliseconds())/float64(b.N), "ms-recv+decide/epoch")
+	b.ReportMetric(float64(unbased), "unbased")
+}
