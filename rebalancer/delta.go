@@ -44,18 +44,30 @@ type deltaSender struct {
 // on, a base exists (of an epoch > 0, so that Base > 0 marks a delta), the
 // previous epoch's report was published by this Core (no gap), fewer than
 // FullEvery-1 deltas followed the base, and every region this Core hears
-// accepts deltas.
+// accepts deltas and does not show that it lacks the base (lacksBase).
 func (c *Core) deltaFor(m int64) bool {
 	ds := &c.ds
 	if !c.cfg.Deltas || ds.base == nil || ds.base.epoch <= 0 || !ds.pub || ds.lastPub != m-1 || ds.since >= c.cfg.FullEvery-1 {
 		return false
 	}
 	for i := range c.remote {
-		if i != c.self && c.remote[i].heard && !c.remote[i].accepts {
+		if q := &c.remote[i]; i != c.self && q.heard && (!q.accepts || c.lacksBase(q)) {
 			return false
 		}
 	}
 	return true
+}
+
+// lacksBase reports whether region q's latest report shows that q does
+// not hold this Core's base: it is of an epoch after the base's (so q
+// collected it after the base was published) and says q applied nothing
+// of this region since before the base. Every report of this Core of the
+// base's epoch or later is the base or a delta against it, so q holds the
+// base once its heard of this region reaches the base's epoch. The next
+// report is then full: a lost base costs a receiver about two epochs of
+// this region's reports instead of up to FullEvery-1.
+func (c *Core) lacksBase(q *remote) bool {
+	return q.last > c.ds.base.epoch && q.heardSelf < c.ds.base.epoch
 }
 
 // startReport prepares the sending side for the report of epoch m: a

@@ -1,11 +1,13 @@
 package rebalancer_test
 
 import (
+	"bytes"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/segmentio/kafka-go/compress/lz4"
 	"google.golang.org/protobuf/proto"
 
 	quotientv1 "github.com/quotientlabs/quotient/proto/quotient/v1"
@@ -18,8 +20,11 @@ import (
 // keys, demand steady (each key's the same every epoch), after the shares
 // settled; one iteration is one epoch. Reports go through the wire form
 // (kafkabus.ToProto, proto.Marshal; proto.Unmarshal, kafkabus.FromProto).
-// It reports the Kafka bytes per key per epoch of region a's reports
-// (before compression; full reports every FullEvery-th epoch included),
+// It reports the bytes per key per epoch of region a's reports, as
+// protobuf (raw-B/key/epoch) and lz4-compressed as the bus's producer
+// compresses them (B/key/epoch; one frame per report, where the bus
+// compresses batches of up to a MiB), full reports every FullEvery-th
+// epoch included,
 // and the time region a takes to decode and Receive the two other
 // regions' reports and Decide: the receiver's cost per epoch. Pure
 // in-memory work, no Redis nor broker: run it under flock.
@@ -55,7 +60,7 @@ func benchDeltaSteady(b *testing.B, nkeys int, deltas bool) {
 		}
 	}
 	m := rebalancer.EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), epoch)
-	var bytesA int64
+	var bytesA, rawA int64
 	var recvDecide time.Duration
 	var unbased int64
 	step := func(measure bool) {
@@ -70,7 +75,13 @@ func benchDeltaSteady(b *testing.B, nkeys int, deltas bool) {
 			wire[i] = v
 		}
 		if measure {
-			bytesA += int64(len(wire[0]))
+			rawA += int64(len(wire[0]))
+			var buf bytes.Buffer
+			w := (&lz4.Codec{}).NewWriter(&buf)
+			_, err := w.Write(wire[0])
+			require.NoError(b, err)
+			require.NoError(b, w.Close())
+			bytesA += int64(buf.Len())
 		}
 		for i, c := range cores {
 			t0 := time.Now()
@@ -107,6 +118,7 @@ func benchDeltaSteady(b *testing.B, nkeys int, deltas bool) {
 		unbased += c.Stats().Unbased
 	}
 	b.ReportMetric(float64(bytesA)/float64(b.N)/float64(nkeys), "B/key/epoch")
+	b.ReportMetric(float64(rawA)/float64(b.N)/float64(nkeys), "raw-B/key/epoch")
 	b.ReportMetric(float64(recvDecide.Milliseconds())/float64(b.N), "ms-recv+decide/epoch")
 	b.ReportMetric(float64(unbased), "unbased")
 }
