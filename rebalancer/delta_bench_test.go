@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
 	"github.com/segmentio/kafka-go/compress/lz4"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
 	quotientv1 "github.com/quotientlabs/quotient/proto/quotient/v1"
