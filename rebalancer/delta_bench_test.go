@@ -17,8 +17,11 @@ import (
 )
 
 // BenchmarkDeltaSteady100k: three regions' Cores, 100,000 active global
-// keys, demand steady (each key's the same every epoch), after the shares
-// settled; one iteration is one epoch. Reports go through the wire form
+// keys, demand steady (each key's the same every epoch), after 30 epochs;
+// one iteration is one epoch. 99% of the keys are under their limit (every
+// region's demand below its default share), 1% contended (policy "h": the
+// three regions' demand above the limit, their shares still settling by a
+// few milli units at each full report, so those keys are listed). Reports go through the wire form
 // (kafkabus.ToProto, proto.Marshal; proto.Unmarshal, kafkabus.FromProto).
 // It reports the bytes per key per epoch of region a's reports, as
 // protobuf (raw-B/key/epoch) and lz4-compressed as the bus's producer
@@ -37,13 +40,14 @@ func BenchmarkDeltaSteady100k(b *testing.B) {
 func benchDeltaSteady(b *testing.B, nkeys int, deltas bool) {
 	const epoch = 10 * time.Second
 	names := []string{"a", "b", "c"}
-	lim := shares.Limit{RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}
+	lim := shares.Limit{RateMilli: 300_000, BurstMilli: 600_000, Regions: 3}
+	hot := shares.Limit{RateMilli: 3_000, BurstMilli: 6_000, Regions: 3}
 	cores := make([]*rebalancer.Core, len(names))
 	for i, n := range names {
 		cfg := rebalancer.DefaultConfig()
 		cfg.Region, cfg.Regions, cfg.Epoch = n, names, epoch
 		cfg.Deltas = deltas
-		c, err := rebalancer.New(cfg, rebalancer.PolicyMap{"g": lim})
+		c, err := rebalancer.New(cfg, rebalancer.PolicyMap{"g": lim, "h": hot})
 		require.NoError(b, err)
 		require.NoError(b, c.StartFresh())
 		cores[i] = c
@@ -56,7 +60,11 @@ func benchDeltaSteady(b *testing.B, nkeys int, deltas bool) {
 			if k%3 == r {
 				d *= 20
 			}
-			usage[r] = append(usage[r], rebalancer.Usage{Key: rebalancer.Key{PolicyID: "g", Subject: fmt.Sprintf("k:%07d", k)}, Demand: d, Admitted: d})
+			pol := "g"
+			if k%100 == 0 {
+				pol = "h"
+			}
+			usage[r] = append(usage[r], rebalancer.Usage{Key: rebalancer.Key{PolicyID: pol, Subject: fmt.Sprintf("k:%07d", k)}, Demand: d, Admitted: d})
 		}
 	}
 	m := rebalancer.EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), epoch)

@@ -564,10 +564,14 @@
 // for that epoch, and the rules for a missing report (hold, silence after
 // K+1 epochs, the partition rule) apply, which are safe for any pattern of
 // loss. It costs availability, not safety: a lost or late full report
-// makes up to FullEvery-1 of its sender's reports as lost to that
-// receiver (with FullEvery 6 < K+1 = 6+... epochs of silence, a region is
-// never counted silent for losing one base alone). Once the next full
-// report arrives, the later deltas apply. The property tests run with
+// makes its sender's deltas lost to that receiver until the next full
+// report, which comes after at most FullEvery-1 deltas and usually after
+// one or two: a sender sends a full report as soon as a region's latest
+// report (of an epoch after the base) says it applied nothing of the
+// sender since before the base (its heard vector; a lagging heard only
+// makes more full reports, never anything unsafe). Missing K of a
+// region's reports in a row still makes a receiver fall back, as for any
+// loss. Once the next full report arrives, the later deltas apply. The property tests run with
 // deltas on and off (random FullEvery and tolerance) under loss,
 // duplication, delay and reordering, and check the enforced sum after
 // every write; the harness also checks after every Collect that the
