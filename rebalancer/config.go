@@ -110,8 +110,15 @@ type Config struct {
 	// key whose line equals that of the Core's last full report (within
 	// DeltaDemandPermille on demand) is left out. Deltas are made against
 	// the last full report only (never a chain), and only while every
-	// region this Core hears says Report.AcceptsDelta. DefaultConfig sets
-	// it; the zero Config does not. Receiving deltas needs no setting.
+	// region this Core hears says Report.AcceptsDelta (and none shows it
+	// lacks the base). DefaultConfig sets it; the zero Config does not.
+	// Receiving deltas needs no setting. Cost: the sender keeps its base
+	// (about 65 B per key), and a receiver keeps each region's last full
+	// report besides its latest one (about 50 B per key and region;
+	// estimates from the types' sizes, not measured). Measured
+	// (BenchmarkDeltaSteady100k, 100k steady keys, three regions): 7.5 ->
+	// 1.25 lz4 bytes per key and epoch on Kafka, Receive 60 -> 14 ms per
+	// epoch; Decide unchanged (22-24 ms).
 	Deltas bool
 	// FullEvery is how often a report is full while Deltas is on: every
 	// FullEvery-th report is full, and so is the first after the Core
