@@ -58,16 +58,21 @@ func (c *Core) deltaFor(m int64) bool {
 	return true
 }
 
-// lacksBase reports whether region q's latest report shows that q does
-// not hold this Core's base: it is of an epoch after the base's (so q
-// collected it after the base was published) and says q applied nothing
-// of this region since before the base. Every report of this Core of the
-// base's epoch or later is the base or a delta against it, so q holds the
-// base once its heard of this region reaches the base's epoch. The next
-// report is then full: a lost base costs a receiver about two epochs of
-// this region's reports instead of up to FullEvery-1.
+// lacksBase reports whether region q may not hold this Core's base: its
+// heard of this region (in its latest report) is before the base, unless
+// that report is of the base's own epoch (collected before the base
+// could arrive). So a region that says it applied nothing of this region
+// since before the base, and a region not heard since before the base
+// (silent, cut off, or late: it cannot have said anything), get full
+// reports. Every report of this Core of the base's epoch or later is the
+// base or a delta against it, so q holds the base once its heard of this
+// region reaches the base's epoch. A lost base then costs a receiver
+// about two epochs of this region's reports instead of up to FullEvery-1,
+// and after a partition heals both sides send full reports at once
+// (their deltas would be Unbased across it). A wrong answer only makes
+// more or fewer full reports, never anything unsafe.
 func (c *Core) lacksBase(q *remote) bool {
-	return q.last > c.ds.base.epoch && q.heardSelf < c.ds.base.epoch
+	return q.heardSelf < c.ds.base.epoch && q.last != c.ds.base.epoch
 }
 
 // startReport prepares the sending side for the report of epoch m: a
