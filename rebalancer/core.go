@@ -54,6 +54,7 @@ type Core struct {
 	stats  Stats
 	in     []shares.RegionInput // scratch, one per region
 	tr     transfers            // asks and gives (transfer.go)
+	ds     deltaSender          // the base of this region's deltas (delta.go)
 	sil    []bool               // silentAt by region for epoch silM, while silOn (during a decision)
 	silM   int64
 	silOn  bool
@@ -95,6 +96,12 @@ type remote struct {
 	last      int64             // highest epoch received
 	heardSelf int64             // heard[self] in report last; -1 when absent
 	row       row               // heard vector of the newest report of the region known (heard.go)
+	accepts   bool              // report last says AcceptsDelta
+	// full is the region's newest full report received (its key indices
+	// counted in refs once more, for it), of epoch fullEpoch: the base
+	// its deltas are expanded against (delta.go). nil: none.
+	full      *stored
+	fullEpoch int64
 }
 
 // stored is one received report, reduced to what decisions read: per line
@@ -153,6 +160,9 @@ type Stats struct {
 	Refused       int64 // gives to this region refused whole (fallback, warm-up, wrong T, duplicate)
 	RefusedKeys   int64 // keys of accepted gives refused (cascade, mixed side, unknown policy)
 	DroppedAmount int64 // gives' rate (milli/s) not raised by receivers: refused or dropped parts
+	// Delta reports (Config.Deltas).
+	Deltas  int64 // reports this Core published as deltas
+	Unbased int64 // deltas received whose base this Core does not hold (Unbased: not applied)
 }
 
 // Published is what Collect returns.
@@ -416,10 +426,16 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 	c.usageHint = slices.DeleteFunc(seen, func(i int32) bool { return i < 0 })
 	warm := c.warm(m)
 	var rep *Report
+	var delta bool // rep is a delta (delta.go)
 	if !warm {
 		// Sized for every key: most keys held are reported, and growing
 		// a million-line slice by appending cost a fifth of Collect.
-		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m, Started: c.firstEpoch, Relay: c.relay(), Keys: make([]KeyReport, 0, c.nheld)}
+		delta = c.startReport(m, kind == usageExact)
+		size := c.nheld
+		if delta {
+			size = min(size, 64+size/16) // most keys are left out
+		}
+		rep = &Report{Region: c.cfg.Region, Epoch: m, Seq: m, Started: c.firstEpoch, Relay: c.relay(), Keys: make([]KeyReport, 0, size)}
 		for i, r := range c.regions {
 			if i == c.self {
 				rep.Heard = append(rep.Heard, Heard{Region: r, Epoch: m})
@@ -486,12 +502,20 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 			}
 		}
 		if rep != nil && (st.demand > 0 || st.smoothed > 0 || st.share != lim.Default() || st.want != (shares.Share{})) {
-			rep.Keys = append(rep.Keys, KeyReport{
+			// (A delta may publish the base's smoothed demand, within
+			// the tolerance: it becomes this key's, so that every view,
+			// this region's included, reads the same; delta.go.)
+			st.smoothed = c.reportLine(rep, delta, i, KeyReport{
 				Key: k, Demand: st.demand, Admitted: st.admitted, SmoothedDemandMilli: st.smoothed,
 				Share: st.share, Want: st.want,
 			})
 		}
 		st.demand, st.admitted = 0, 0
+	}
+	if rep != nil {
+		c.finishReport(rep, delta)
+	} else {
+		c.noReport()
 	}
 	if rep != nil && len(rep.Keys) == 0 {
 		rep.Keys = nil // as before it was sized
@@ -564,6 +588,18 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 		c.stats.Conflicts++
 		return Conflict, nil
 	}
+	// A delta applies only against the base it names (delta.go); without
+	// it the report is as lost.
+	var base *stored
+	if r.Base != 0 {
+		if r.Base < 0 || r.Base >= r.Epoch {
+			return 0, fmt.Errorf("%w: region %s epoch %d: Base %d not in 1..Epoch-1", ErrReport, r.Region, r.Epoch, r.Base)
+		}
+		if base = baseOf(q, r); base == nil {
+			c.stats.Unbased++
+			return Unbased, nil
+		}
+	}
 	// Validate the lines in order and intern their keys (a key's index is
 	// resolved once, here); the first malformed line, or the first line
 	// whose key came before, is the error. A region's reports list much
@@ -584,6 +620,8 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 			bad = fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Share", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
 		case k.Want.RateMilli < 0 || k.Want.BurstMilli < 0:
 			bad = fmt.Errorf("%w: region %s epoch %d key %s/%s: negative Want", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
+		case k.Removed && (base == nil || k.Demand != 0 || k.Admitted != 0 || k.SmoothedDemandMilli != 0 || k.Share != (shares.Share{}) || k.Want != (shares.Share{})):
+			bad = fmt.Errorf("%w: region %s epoch %d key %s/%s: Removed in a full report, or with values", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject)
 		}
 		if bad != nil {
 			break
@@ -615,6 +653,10 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 	if bad == nil {
 		bad = checkRelay(r)
 	}
+	var lines []line
+	if bad == nil && base != nil {
+		lines, idx, pos, bad = c.expand(base, r, idx)
+	}
 	if bad != nil {
 		c.releaseFresh()
 		return 0, bad
@@ -634,15 +676,23 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 			heardMax = max(heardMax, h.Epoch)
 		}
 	}
-	lines := make([]line, len(r.Keys))
-	for l := range r.Keys {
-		k := &r.Keys[l]
-		lines[l] = line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want}
-		c.refs[idx[l]]++
+	if base == nil {
+		lines = make([]line, len(r.Keys))
+		for l := range r.Keys {
+			k := &r.Keys[l]
+			lines[l] = line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want}
+		}
 	}
-	q.reports[r.Epoch] = &stored{seq: r.Seq, lines: lines, idx: idx, pos: pos, started: r.Started, heardMax: heardMax}
+	for _, j := range idx {
+		c.refs[j]++
+	}
+	s := &stored{seq: r.Seq, lines: lines, idx: idx, pos: pos, started: r.Started, heardMax: heardMax}
+	q.reports[r.Epoch] = s
+	if base == nil {
+		c.setFull(q, s, r.Epoch)
+	}
 	if !q.heard || r.Epoch > q.last {
-		q.heard, q.last, q.heardSelf = true, r.Epoch, -1
+		q.heard, q.last, q.heardSelf, q.accepts = true, r.Epoch, -1, r.AcceptsDelta
 		for _, h := range r.Heard {
 			if h.Region == c.cfg.Region {
 				q.heardSelf = h.Epoch

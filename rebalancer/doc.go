@@ -38,7 +38,9 @@
 //     Reports are deduplicated by (region, epoch): the same seq again is a
 //     Duplicate, another seq a Conflict (the first is kept); a report older
 //     than both the decided epoch and the region's latest is Stale. Reports
-//     may arrive in any order; nothing depends on arrival order. A report
+//     may arrive in any order; nothing depends on arrival order, except
+//     that a delta report that arrives before its base is Unbased, as if
+//     lost (see "Delta reports"). A report
 //     of an epoch after the receiver's current one breaks the clock
 //     assumption below (its sender published it before the epoch began on
 //     any clock within one epoch of its own); Core.ReceiveAt refuses it as
@@ -505,6 +507,76 @@
 // epoch needs a larger bound; its metric and alert say so. The property tests run with random incomplete epochs
 // (usage randomly thinned), check the sum, and check that such an epoch
 // lowers no key's smoothed demand and writes no share at collection.
+//
+// # Delta reports
+//
+// With Config.Deltas (the default) most reports are deltas: Report.Base
+// names the sender's last FULL report (never another delta), and the delta
+// lists only the keys whose line differs from the base's, plus the base's
+// keys it no longer reports (Removed). Every FullEvery-th report is full,
+// and so is the first of a Core, the first after an epoch it published no
+// report for (warm-up, a gap, Core.NotPublished after a failed
+// publication), and every report while some region it hears does not
+// advertise Report.AcceptsDelta (an older version, which would reject the
+// delta: a delta carries epoch_ms 0 on the wire). A receiver keeps, per
+// region, the newest full report it received and expands a delta of the
+// same sender Core (same Started) and base epoch into the lines that full
+// report would have held; it stores and decides from the expansion
+// exactly as from a full report. A key left out costs the sender a
+// comparison and the receiver a copied line: no bytes on Kafka, no
+// decoding, no interning.
+//
+// Why an expansion equals the full report it replaces, for claims
+// exactly: a key is left out only when its Share and Want equal the
+// base's line exactly, whatever the tolerance, and a key whose line the
+// base lacks is always listed; a key the sender no longer reports is
+// listed Removed, which the expansion drops, so it reads as a missing key
+// (default claim, want 0), as in the full report. Base and delta are of
+// one sender Core (Started) and the base is named by its epoch, of which
+// there is one full report per Core (seq = epoch; a Conflict keeps the
+// first and the Core makes no second). So the claims and wants of every
+// expanded line are those the full report would carry, and the argument
+// above ("Why the enforced sum stays within L") reads the same inputs.
+// With DeltaDemandPermille 0 the expansion equals the full report on
+// every field a decision reads (TestDeltasDecideAsFullReports: the same
+// decisions and writes, deltas on or off).
+//
+// Why the tolerance on demand never raises a claim above what the full
+// report would: the demand fields of a key left out (Demand, Admitted,
+// SmoothedDemandMilli, within DeltaDemandPermille of the base's) are not
+// claims: the sum argument needs only that claims are upper bounds of
+// what is enforced and that every growing view of an epoch reads the same
+// claims, wants and published demands (for which regions need). Claims
+// and wants are exact. The demand every receiver reads for such a key is
+// the base's, and the sender takes that same value as its key's smoothed
+// demand (Collect), so its own view reads it too: all views decide from
+// one published report, which the sender could have sent as a full report
+// with a slightly different smoothing. The argument above holds for any
+// published demand; only how the slack is split moves, by at most the
+// tolerance. Incomplete or unknown usage makes the delta exact, so that a
+// delta never lowers a smoothed demand where CollectIncomplete promises
+// it does not.
+//
+// Why a delta without its base is treated as lost: the receiver cannot
+// know the lines the delta leaves out, and reading them as missing would
+// read a claim of the default for keys claimed above it (unsafe). So
+// Receive answers Unbased and changes nothing: the region is not heard
+// for that epoch, and the rules for a missing report (hold, silence after
+// K+1 epochs, the partition rule) apply, which are safe for any pattern of
+// loss. It costs availability, not safety: a lost or late full report
+// makes its sender's deltas lost to that receiver until the next full
+// report, which comes after at most FullEvery-1 deltas and usually after
+// one or two: a sender sends a full report as soon as a region's latest
+// report (of an epoch after the base) says it applied nothing of the
+// sender since before the base (its heard vector; a lagging heard only
+// makes more full reports, never anything unsafe). Missing K of a
+// region's reports in a row still makes a receiver fall back, as for any
+// loss. Once the next full report arrives, the later deltas apply. The property tests run with
+// deltas on and off (random FullEvery and tolerance) under loss,
+// duplication, delay and reordering, and check the enforced sum after
+// every write; the harness also checks after every Collect that the
+// expanded report equals the sender's own state (claims, wants, smoothed
+// demand).
 //
 // # Share records and their lifetime
 //

@@ -68,7 +68,8 @@ type Observer interface {
 type CollectInfo struct {
 	Epoch      int64         // the epoch collected
 	UsageKeys  int           // usage entries read from the source
-	ReportKeys int           // keys in the published report (0 during warm-up)
+	ReportKeys int           // keys in the published report (0 during warm-up; a delta lists only what changed)
+	ReportBase int64         // the report's Base: > 0 for a delta (Config.Deltas), 0 for a full report
 	Published  bool          // a report was published
 	Read       time.Duration // reading the usage
 	Publish    time.Duration // writing pending updates and publishing
@@ -576,7 +577,7 @@ func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
 	d.setStatus(func(s *Status) { s.LastCollect, s.LastEpoch = now, m })
 	if pub.Report != nil {
 		t0 := d.clock.Now()
-		info.ReportKeys = len(pub.Report.Keys)
+		info.ReportKeys, info.ReportBase = len(pub.Report.Keys), pub.Report.Base
 		if err := d.flush(ctx); err != nil {
 			info.PublishErr = fmt.Errorf("rebalancer: report of epoch %d not published: share updates unwritten: %w", m, err)
 		} else {
@@ -591,6 +592,7 @@ func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
 			}
 		}
 		if info.PublishErr != nil {
+			d.core.NotPublished(m) // the next report is full (delta.go)
 			d.log.Warn("rebalancer: report not published", "epoch", m, "err", info.PublishErr)
 		}
 		info.Publish = d.clock.Now().Sub(t0)

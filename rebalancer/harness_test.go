@@ -1,6 +1,7 @@
 package rebalancer
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -31,6 +32,7 @@ type hregion struct {
 	decisions []Decision
 	reports   []*Report // reports it published (by every Core of the region)
 	fresh     bool      // its Core skipped the warm-up (StartFresh)
+	lastFull  *Report   // the last full report its Core returned (the base of its deltas)
 	// offset is how far this region's clock (its coordinator's and its
 	// Redis's) is ahead of true time, with cluster.skew: every event the
 	// harness plays at t happens at true time t - offset, and a record
@@ -74,6 +76,10 @@ type cluster struct {
 	// deliverFirst delivers every due report before any decision of the
 	// step (so decisions see complete views when nothing is lost).
 	deliverFirst bool
+	// senderOrder delivers the reports of one sender that are due in the
+	// same step in epoch order (as one Kafka partition does), still
+	// interleaved at random with the other senders'.
+	senderOrder bool
 	// checkRef compares each decision's mode with the naive reference.
 	checkRef bool
 	// skip is the probability that a region's driver misses a decision
@@ -221,6 +227,7 @@ func (c *cluster) fixRegionsAt(first int64) {
 // driver that read the whole span from the bus would decide.
 func (c *cluster) startCore(h *hregion, first int64) {
 	h.core = c.newCore(h.name)
+	h.lastFull = nil
 	h.received = nil
 	h.fresh = false
 	if !c.fresh {
@@ -373,6 +380,9 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 			}
 			if pub.Report != nil {
 				for _, kr := range pub.Report.Keys {
+					if kr.Removed {
+						continue // (a delta's line: claims the default)
+					}
 					st := h.core.held(kr.Key)
 					require.Equal(c.t, st.share, kr.Share, "region %s epoch %d key %v: the report claims what is enforced", h.name, e, kr.Key)
 				}
@@ -382,6 +392,25 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		}
 		require.NoError(c.t, err)
 		require.Equal(c.t, e, pub.Epoch)
+		if rep := pub.Report; rep != nil {
+			// What the report publishes, expanded if a delta, is the
+			// Core's own state: its claims, and the smoothed demand its
+			// own view decides from (delta.go).
+			if rep.Base == 0 {
+				h.lastFull = rep
+			} else {
+				require.NotNil(c.t, h.lastFull, "region %s epoch %d: a delta without a full report before", h.name, e)
+				require.Equal(c.t, h.lastFull.Epoch, rep.Base)
+				rep = expandReport(h.lastFull, rep)
+			}
+			for _, kr := range rep.Keys {
+				st := h.core.held(kr.Key)
+				require.NotNil(c.t, st, "region %s epoch %d key %v", h.name, e, kr.Key)
+				require.Equal(c.t, st.share, kr.Share, "region %s epoch %d key %v: claim", h.name, e, kr.Key)
+				require.Equal(c.t, st.want, kr.Want, "region %s epoch %d key %v: want", h.name, e, kr.Key)
+				require.Equal(c.t, st.smoothed, kr.SmoothedDemandMilli, "region %s epoch %d key %v: smoothed demand", h.name, e, kr.Key)
+			}
+		}
 		if pub.Late != nil {
 			h.decisions = append(h.decisions, *pub.Late)
 			c.apply(h, end, pub.Late.Updates)
@@ -393,6 +422,7 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 		if c.pubFail > 0 && c.r.Float64() < c.pubFail {
 			// The publication failed: the report is not on the bus, and
 			// the Core decides all the same (as the driver's does).
+			h.core.NotPublished(pub.Epoch)
 			continue
 		}
 		h.reports = append(h.reports, pub.Report)
@@ -448,6 +478,9 @@ func (c *cluster) step(e int64, demand func(i int, k Key) int64) {
 	}
 	c.inflight = keep
 	c.r.Shuffle(len(events), func(a, b int) { events[a], events[b] = events[b], events[a] })
+	if c.senderOrder {
+		inSenderOrder(events, func(e event) *msg { return e.deliver })
+	}
 	var decides []event
 	for i := range c.regs {
 		decides = append(decides, event{decide: i})
@@ -753,4 +786,30 @@ func (c cut) route(_ *rand.Rand, from, to int, e int64) []int64 {
 		return nil
 	}
 	return []int64{0}
+}
+
+// inSenderOrder sorts the deliveries of each (sender, receiver) pair by
+// epoch, keeping the positions the pairs' deliveries hold in events.
+func inSenderOrder[E any](events []E, deliver func(E) *msg) {
+	type pair struct {
+		from string
+		to   int
+	}
+	at := map[pair][]int{}
+	for i, e := range events {
+		if m := deliver(e); m != nil {
+			p := pair{m.rep.Region, m.to}
+			at[p] = append(at[p], i)
+		}
+	}
+	for _, idx := range at {
+		evs := make([]E, len(idx))
+		for n, i := range idx {
+			evs[n] = events[i]
+		}
+		slices.SortStableFunc(evs, func(a, b E) int { return cmp.Compare(deliver(a).rep.Epoch, deliver(b).rep.Epoch) })
+		for n, i := range idx {
+			events[i] = evs[n]
+		}
+	}
 }

@@ -227,11 +227,32 @@ func raceCases(n int) int {
 	return n
 }
 
+// withDeltas sets a scenario's delta reports: off, or on with a random
+// FullEvery and tolerance drawn from seed (a stream of its own, so that the
+// rest of the scenario is the same either way).
+func (s *scenario) withDeltas(on bool, seed uint64) {
+	s.cfg.Deltas = on
+	if !on {
+		return
+	}
+	r := rand.New(rand.NewPCG(seed, 9))
+	s.cfg.FullEvery = 1 + r.IntN(8)
+	s.cfg.DeltaDemandPermille = []int64{0, 4, r.Int64N(1001)}[r.IntN(3)]
+	s.cfg.DeltaExact = s.cfg.DeltaDemandPermille == 0
+}
+
 // TestSafetyUnderChaos: thousands of random scenarios (regions, limits,
 // tuning, demand, loss, duplication, delay, reordering, partitions, crashes
-// and restarts): the shares enforced by all regions never sum above L or B,
-// and every decision's mode matches the naive reference.
+// and restarts), with delta reports off and on: the shares enforced by all
+// regions never sum above L or B, and every decision's mode matches the
+// naive reference.
 func TestSafetyUnderChaos(t *testing.T) {
+	for _, deltas := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deltas=%v", deltas), func(t *testing.T) { safetyUnderChaos(t, deltas) })
+	}
+}
+
+func safetyUnderChaos(t *testing.T, deltas bool) {
 	cases := raceCases(2000)
 	if testing.Short() {
 		cases = 200
@@ -240,9 +261,11 @@ func TestSafetyUnderChaos(t *testing.T) {
 	modes := map[shares.Mode]int{}
 	var silent, above, total, late, again, unknown, incomplete int
 	var freshGrow, freshRestarts int // growth a warm-up would have held back; fresh Cores after an outage
+	var sentDeltas, unbased int64
 	for i := 0; i < cases; i++ {
 		seed := r.Uint64()
 		s := randScenario(rand.New(rand.NewPCG(seed, 1)))
+		s.withDeltas(deltas, seed)
 		ok := t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
 			c := s.run(t, rand.New(rand.NewPCG(seed, 2)))
 			freshRestarts += c.freshRestarts
@@ -258,6 +281,8 @@ func TestSafetyUnderChaos(t *testing.T) {
 				again += int(h.core.Stats().AgainDecisions)
 				unknown += int(h.core.Stats().UnknownUsage)
 				incomplete += int(h.core.Stats().IncompleteUsage)
+				sentDeltas += h.core.Stats().Deltas
+				unbased += h.core.Stats().Unbased
 				for _, d := range h.decisions {
 					total++
 					modes[d.Mode]++
@@ -277,7 +302,18 @@ func TestSafetyUnderChaos(t *testing.T) {
 		}
 	}
 	// The scenarios must exercise every path, not pass by standing still.
-	t.Logf("decisions %d: %v; late %d; again %d; usage unknown %d; usage incomplete %d; with silent regions %d; updates above default %d; growing within a skipped warm-up %d; fresh restarts %d", total, modes, late, again, unknown, incomplete, silent, above, freshGrow, freshRestarts)
+	t.Logf("decisions %d: %v; late %d; again %d; usage unknown %d; usage incomplete %d; with silent regions %d; updates above default %d; growing within a skipped warm-up %d; fresh restarts %d; deltas sent %d, unbased %d", total, modes, late, again, unknown, incomplete, silent, above, freshGrow, freshRestarts, sentDeltas, unbased)
+	growDiv := 5
+	if deltas {
+		require.Positive(t, sentDeltas)
+		require.Positive(t, unbased, "some deltas must miss their base")
+		// A lost full report makes its sender's next deltas as lost (up
+		// to FullEvery-1 of them): with up to 30% loss per link, a
+		// seventh of the decisions grows instead of a fifth.
+		growDiv = 10
+	} else {
+		require.Zero(t, sentDeltas)
+	}
 	// Fresh Cores (StartFresh: a fleet's first start, a restart after an
 	// outage longer than the span) grow where a warm-up would hold.
 	require.Greater(t, freshGrow, total/200)
@@ -288,7 +324,7 @@ func TestSafetyUnderChaos(t *testing.T) {
 	require.Greater(t, incomplete, total/100)
 	// A fifth, not a quarter: since the partitions apply (chaos.base),
 	// about 60% of the decisions fall back.
-	require.Greater(t, modes[shares.Grow], total/5)
+	require.Greater(t, modes[shares.Grow], total/growDiv)
 	require.Greater(t, modes[shares.Hold], total/50)
 	require.Greater(t, modes[shares.Fallback], total/10)
 	require.Greater(t, silent, total/100)
@@ -298,7 +334,17 @@ func TestSafetyUnderChaos(t *testing.T) {
 // TestOrderAndDuplicatesChangeNothing runs the same scenario twice with
 // every report delivered in a different order and, in the second run,
 // several times: every decision and every published report is the same.
+// With delta reports on, the reports of one sender that arrive together
+// come in epoch order (as from one Kafka partition; a delta before its
+// base is Unbased, after it applied), and still in a different
+// interleaving with the other senders' and duplicated.
 func TestOrderAndDuplicatesChangeNothing(t *testing.T) {
+	for _, deltas := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deltas=%v", deltas), func(t *testing.T) { orderAndDuplicatesChangeNothing(t, deltas) })
+	}
+}
+
+func orderAndDuplicatesChangeNothing(t *testing.T, deltas bool) {
 	r := rand.New(rand.NewPCG(21, 22))
 	cases := raceCases(300)
 	for i := 0; i < cases; i++ {
@@ -307,6 +353,7 @@ func TestOrderAndDuplicatesChangeNothing(t *testing.T) {
 		s.crashes = nil
 		s.bus.dup = 0
 		s.late, s.unknown = 0, 0 // drawn from the run's stream
+		s.withDeltas(deltas, seed)
 		// Delivery must not depend on the run's random stream: decide the
 		// routes up front.
 		routes := map[[3]int64][]int64{}
@@ -323,6 +370,7 @@ func TestOrderAndDuplicatesChangeNothing(t *testing.T) {
 			c := newCluster(t, rand.New(rand.NewPCG(seed, runSeed)), s.names, s.cfg, s.pol, s.keys, bus)
 			c.fixRegions()
 			c.deliverFirst = true
+			c.senderOrder = deltas
 			base := EpochOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s.cfg.Epoch)
 			for e := int64(0); e < s.epochs; e++ {
 				c.step(base+e, func(i int, k Key) int64 { return s.demand[e][i][slices.Index(s.keys, k)] })

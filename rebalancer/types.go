@@ -56,6 +56,10 @@ type KeyReport struct {
 	SmoothedDemandMilli int64        // the sender's smoothed demand, milli cost units per second
 	Share               shares.Share // the share the sender enforces now (its claim)
 	Want                shares.Share // how much the sender asks to grow (see shares.Config.Want)
+	// Removed, only in a delta (Report.Base > 0): the key was in the base
+	// report and is not in this one (it claims the default, demand 0,
+	// want 0); the other fields are zero.
+	Removed bool
 }
 
 // Heard says the sender has received a report of Region for epochs up to
@@ -92,6 +96,18 @@ type Report struct {
 	// relayed to it): the heard matrix. Empty from older senders.
 	Relay []Relayed
 	Keys  []KeyReport
+	// Base is 0 for a full report (Keys lists every key the sender
+	// reports). Base > 0 makes the report a delta relative to the sender's
+	// full report of epoch Base (Base < Epoch, same Started): its keys are
+	// the base's, with each key of Keys replacing or adding to the base's
+	// line and each Removed key taken out. A key the delta does not list
+	// has the base's line: its Share and Want equal the base's exactly,
+	// its demand fields are within Config.DeltaDemandPermille of the
+	// base's. See the package doc, "Delta reports".
+	Base int64
+	// AcceptsDelta: the sender can apply deltas (every Core can). A Core
+	// sends deltas only while every region it hears says so.
+	AcceptsDelta bool
 }
 
 // Update is one share record to write to this region's store.
@@ -210,6 +226,12 @@ const (
 	// beyond what the clock assumption allows (see Core.ReceiveAt);
 	// nothing changed.
 	Future
+	// Unbased: the report is a delta (Report.Base > 0) whose base this
+	// Core does not hold (lost, not arrived yet, or another base than the
+	// sender's latest full report it holds): it was not applied, and the
+	// region counts as not heard for the report's epoch, exactly as if the
+	// report had been lost. Nothing changed.
+	Unbased
 )
 
 // String returns the receipt's name.
@@ -227,6 +249,8 @@ func (r Receipt) String() string {
 		return "own"
 	case Future:
 		return "future"
+	case Unbased:
+		return "unbased"
 	}
 	return "unknown"
 }

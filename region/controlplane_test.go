@@ -180,6 +180,7 @@ type collected struct {
 	by        string
 	published bool
 	keys      int
+	base      int64 // > 0: the report was a delta
 }
 
 type replicaObserver struct {
@@ -189,7 +190,7 @@ type replicaObserver struct {
 
 func (o replicaObserver) Collected(i rebalancer.CollectInfo) {
 	o.c.mu.Lock()
-	o.c.list = append(o.c.list, collected{i.Epoch, o.name, i.Published, i.ReportKeys})
+	o.c.list = append(o.c.list, collected{i.Epoch, o.name, i.Published, i.ReportKeys, i.ReportBase})
 	o.c.mu.Unlock()
 }
 func (replicaObserver) Decided(rebalancer.DecideInfo)   {}
@@ -354,7 +355,9 @@ func TestReplicasLeaderKill(t *testing.T) {
 		}
 		if c.published {
 			published[c.epoch] = true
-			assert.Positive(t, c.keys, "epoch %d: the report carries the load's key", c.epoch)
+			if c.base == 0 { // (a delta lists the key only when its line changed)
+				assert.Positive(t, c.keys, "epoch %d: the report carries the load's key", c.epoch)
+			}
 		}
 	}
 

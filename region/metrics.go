@@ -60,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 		}, []string{"region"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quotient_coordinator_reports_total",
-			Help: "Reports taken from Kafka, by sending region and receipt (accepted, duplicate, conflict, stale, own, future: an epoch after the receiver's, beyond the clock skew the protocol allows, refused); invalid reports count in quotient_coordinator_errors_total{kind=\"report\"}.",
+			Help: "Reports taken from Kafka, by sending region and receipt (accepted, duplicate, conflict, stale, own, future: an epoch after the receiver's, beyond the clock skew the protocol allows, refused; unbased: a delta report whose base report this coordinator does not hold, not applied, as if lost); invalid reports count in quotient_coordinator_errors_total{kind=\"report\"}.",
 		}, []string{"region", "receipt"}),
 		regionsAlive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "quotient_coordinator_regions_alive",

@@ -85,7 +85,7 @@ type partsObserver struct {
 
 func (o partsObserver) Collected(i rebalancer.CollectInfo) {
 	o.mu.Lock()
-	*o.coll = append(*o.coll, collected{i.Epoch, o.name, i.Published, i.ReportKeys})
+	*o.coll = append(*o.coll, collected{i.Epoch, o.name, i.Published, i.ReportKeys, i.ReportBase})
 	o.mu.Unlock()
 }
 
@@ -367,7 +367,9 @@ func TestPartsStatic(t *testing.T) {
 				defer f.mu.Unlock()
 				pub := 0
 				for _, c := range f.coll {
-					if c.published && c.keys > 0 && c.by != "us-0" {
+					// (A delta, base > 0, lists only keys whose line
+					// changed: its part held keys in its full report.)
+					if c.published && (c.keys > 0 || c.base > 0) && c.by != "us-0" {
 						pub++
 					}
 				}

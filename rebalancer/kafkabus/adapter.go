@@ -26,7 +26,9 @@ var ErrPartsMismatch = errors.New("kafkabus: key parts mismatch")
 // ToProto converts a rebalancer report to its wire form: epoch is the epoch
 // length (a whole number of milliseconds), sent the publisher's clock (for
 // lag metrics only). r is not modified and not referenced by the result's
-// header (keys are copied).
+// header (keys are copied). A delta (r.Base > 0) goes with epoch_ms 0 and
+// the epoch length in delta_epoch_ms, so that a receiver that predates
+// deltas rejects it.
 func ToProto(r *rebalancer.Report, epoch time.Duration, sent time.Time) *quotientv1.UsageReport {
 	p := &quotientv1.UsageReport{
 		Region: r.Region, Epoch: r.Epoch, EpochMs: epoch.Milliseconds(), Seq: r.Seq,
@@ -38,6 +40,10 @@ func ToProto(r *rebalancer.Report, epoch time.Duration, sent time.Time) *quotien
 		p.Heard[i] = &quotientv1.RegionHeard{Region: h.Region, LastEpoch: h.Epoch}
 	}
 	p.StartedEpoch = r.Started
+	p.AcceptsDelta = r.AcceptsDelta
+	if r.Base > 0 {
+		p.BaseEpoch, p.EpochMs, p.DeltaEpochMs = r.Base, 0, epoch.Milliseconds()
+	}
 	if len(r.Relay) > 0 {
 		p.Relayed = make([]*quotientv1.RelayedHeard, len(r.Relay))
 		for i, rr := range r.Relay {
@@ -58,6 +64,7 @@ func ToProto(r *rebalancer.Report, epoch time.Duration, sent time.Time) *quotien
 		ku.Demand, ku.Admitted, ku.SmoothedDemandMilli = k.Demand, k.Admitted, k.SmoothedDemandMilli
 		ku.ShareRateMilli, ku.ShareBurstMilli = k.Share.RateMilli, k.Share.BurstMilli
 		ku.WantRateMilli, ku.WantBurstMilli = k.Want.RateMilli, k.Want.BurstMilli
+		ku.Removed = k.Removed
 		p.Keys[i] = ku
 	}
 	return p
@@ -65,17 +72,21 @@ func ToProto(r *rebalancer.Report, epoch time.Duration, sent time.Time) *quotien
 
 // FromProto converts a whole received report (as Bus.Run delivers it) to a
 // rebalancer report. It checks only what the conversion needs: the report
-// is whole (parts <= 1), has no nil entries, and its epoch_ms equals epoch
-// (else ErrEpochMismatch); the rebalancer Core validates the values.
-// Errors name the field.
+// is whole (parts <= 1), has no nil entries, and its epoch length equals
+// epoch (else ErrEpochMismatch): epoch_ms for a full report, delta_epoch_ms
+// with epoch_ms 0 for a delta (base_epoch > 0); the rebalancer Core
+// validates the values. Errors name the field.
 func FromProto(p *quotientv1.UsageReport, epoch time.Duration) (*rebalancer.Report, error) {
 	switch {
 	case p == nil:
 		return nil, fmt.Errorf("%w: report is nil", ErrInvalidReport)
 	case p.GetParts() > 1 || p.GetPart() != 0:
 		return nil, fmt.Errorf("%w: region %q epoch %d: part %d of %d, want a whole report", ErrInvalidReport, p.GetRegion(), p.GetEpoch(), p.GetPart(), p.GetParts())
-	case p.GetEpochMs() != epoch.Milliseconds():
+	case p.GetBaseEpoch() == 0 && p.GetEpochMs() != epoch.Milliseconds():
 		return nil, fmt.Errorf("%w: region %q epoch %d: epoch_ms %d, this region uses %d", ErrEpochMismatch, p.GetRegion(), p.GetEpoch(), p.GetEpochMs(), epoch.Milliseconds())
+	case p.GetBaseEpoch() != 0 && (p.GetEpochMs() != 0 || p.GetDeltaEpochMs() != epoch.Milliseconds()):
+		return nil, fmt.Errorf("%w: region %q epoch %d: delta of base %d with epoch_ms %d and delta_epoch_ms %d, this region uses 0 and %d",
+			ErrEpochMismatch, p.GetRegion(), p.GetEpoch(), p.GetBaseEpoch(), p.GetEpochMs(), p.GetDeltaEpochMs(), epoch.Milliseconds())
 	}
 	r := &rebalancer.Report{
 		Region: p.GetRegion(), Epoch: p.GetEpoch(), Seq: p.GetSeq(),
@@ -89,6 +100,7 @@ func FromProto(p *quotientv1.UsageReport, epoch time.Duration) (*rebalancer.Repo
 		r.Heard = append(r.Heard, rebalancer.Heard{Region: h.GetRegion(), Epoch: h.GetLastEpoch()})
 	}
 	r.Started = p.GetStartedEpoch()
+	r.Base, r.AcceptsDelta = p.GetBaseEpoch(), p.GetAcceptsDelta()
 	for i, rr := range p.GetRelayed() {
 		if rr == nil {
 			return nil, fmt.Errorf("%w: region %q epoch %d: relayed[%d] is nil", ErrInvalidReport, p.GetRegion(), p.GetEpoch(), i)
@@ -109,8 +121,9 @@ func FromProto(p *quotientv1.UsageReport, epoch time.Duration) (*rebalancer.Repo
 		r.Keys[i] = rebalancer.KeyReport{
 			Key:    rebalancer.Key{PolicyID: k.GetPolicyId(), Subject: k.GetSubject()},
 			Demand: k.GetDemand(), Admitted: k.GetAdmitted(), SmoothedDemandMilli: k.GetSmoothedDemandMilli(),
-			Share: shares.Share{RateMilli: k.GetShareRateMilli(), BurstMilli: k.GetShareBurstMilli()},
-			Want:  shares.Share{RateMilli: k.GetWantRateMilli(), BurstMilli: k.GetWantBurstMilli()},
+			Share:   shares.Share{RateMilli: k.GetShareRateMilli(), BurstMilli: k.GetShareBurstMilli()},
+			Want:    shares.Share{RateMilli: k.GetWantRateMilli(), BurstMilli: k.GetWantBurstMilli()},
+			Removed: k.GetRemoved(),
 		}
 	}
 	return r, nil

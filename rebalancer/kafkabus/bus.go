@@ -258,7 +258,8 @@ func (b *Bus) Prepare(ctx context.Context) error { return b.producer.prepare(ctx
 // Publish sends r to Config.Topic, split into parts of at most
 // MaxMessageBytes, and blocks until every part is acknowledged by all
 // in-sync replicas, or fails. r must be a whole report (part 0, parts 0 or
-// 1) with a region, epoch_ms > 0 and seq >= 1; Publish sets part and parts
+// 1) with a region, epoch_ms > 0 (or, for a delta, base_epoch > 0,
+// delta_epoch_ms > 0 and epoch_ms 0) and seq >= 1; Publish sets part and parts
 // on the messages it sends and does not modify r, which the caller keeps
 // (it must not change r during the call). An unknown topic (just created,
 // or created elsewhere) is retried for up to 10 s. On error some parts may
@@ -288,8 +289,11 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 		return nil, fmt.Errorf("%w: report is nil", ErrInvalidReport)
 	case r.GetRegion() == "":
 		return nil, fmt.Errorf("%w: region is empty", ErrInvalidReport)
-	case r.GetEpochMs() <= 0:
+	case r.GetBaseEpoch() == 0 && r.GetEpochMs() <= 0:
 		return nil, fmt.Errorf("%w: region %q: epoch_ms %d, want > 0", ErrInvalidReport, r.GetRegion(), r.GetEpochMs())
+	case r.GetBaseEpoch() != 0 && (r.GetBaseEpoch() < 0 || r.GetEpochMs() != 0 || r.GetDeltaEpochMs() <= 0):
+		return nil, fmt.Errorf("%w: region %q: delta of base %d with epoch_ms %d and delta_epoch_ms %d, want base > 0, 0 and > 0",
+			ErrInvalidReport, r.GetRegion(), r.GetBaseEpoch(), r.GetEpochMs(), r.GetDeltaEpochMs())
 	case r.GetSeq() < 1:
 		return nil, fmt.Errorf("%w: region %q: seq %d, want >= 1", ErrInvalidReport, r.GetRegion(), r.GetSeq())
 	case r.GetPart() != 0 || r.GetParts() > 1:
@@ -304,6 +308,7 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 		SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
 		StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
 		KeyPart: r.GetKeyPart(), KeyParts: r.GetKeyParts(),
+		BaseEpoch: r.GetBaseEpoch(), DeltaEpochMs: r.GetDeltaEpochMs(), AcceptsDelta: r.GetAcceptsDelta(),
 		Part: math.MaxInt32, Parts: math.MaxInt32, // the widest varints
 	}
 	budget := b.cfg.MaxMessageBytes - len(r.GetRegion()) - recordOverhead - proto.Size(header)
@@ -349,6 +354,7 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 			SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
 			StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
 			KeyPart: r.GetKeyPart(), KeyParts: r.GetKeyParts(),
+			BaseEpoch: r.GetBaseEpoch(), DeltaEpochMs: r.GetDeltaEpochMs(), AcceptsDelta: r.GetAcceptsDelta(),
 			Part: int32(i), Parts: int32(len(bounds)), Keys: r.GetKeys()[lo:hi],
 		}
 		v, err := proto.Marshal(part)

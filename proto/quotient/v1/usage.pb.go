@@ -54,7 +54,11 @@ type UsageReport struct {
 	// report covers. Epochs are aligned to wall-clock multiples of epoch_ms so
 	// every region agrees on the numbers.
 	Epoch int64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// Epoch length in milliseconds (default 10000). Required, > 0.
+	// Epoch length in milliseconds (default 10000). Required, > 0, in a
+	// full report (base_epoch 0). A delta (base_epoch > 0) carries 0 here and
+	// its epoch length in delta_epoch_ms, so that a receiver that does not
+	// know deltas (it requires epoch_ms > 0) rejects it instead of reading it
+	// as a full report of few keys.
 	EpochMs int64 `protobuf:"varint,3,opt,name=epoch_ms,json=epochMs,proto3" json:"epoch_ms,omitempty"`
 	// Per-region sequence number, >= 1, strictly increasing over the reports a
 	// region publishes. Receivers dedupe by (region, epoch, seq); see above.
@@ -98,8 +102,27 @@ type UsageReport struct {
 	// its own instance of the same part, and drops (counts) a report whose
 	// key_parts differs from its own. Absent (0) means part 0 of 1: the
 	// whole key space, as from a sender before parts.
-	KeyPart       int32 `protobuf:"varint,12,opt,name=key_part,json=keyPart,proto3" json:"key_part,omitempty"`
-	KeyParts      int32 `protobuf:"varint,13,opt,name=key_parts,json=keyParts,proto3" json:"key_parts,omitempty"`
+	KeyPart  int32 `protobuf:"varint,12,opt,name=key_part,json=keyPart,proto3" json:"key_part,omitempty"`
+	KeyParts int32 `protobuf:"varint,13,opt,name=key_parts,json=keyParts,proto3" json:"key_parts,omitempty"`
+	// Delta reports (issue 15). 0 (absent): this is a full report, keys
+	// lists every key the sender reports. > 0: this is a delta relative to
+	// the sender's FULL report of epoch base_epoch (same region and key
+	// part; never a chain of deltas): the report's keys are the base's keys
+	// with each key listed here replacing (or adding to) the base's line,
+	// and each key listed with removed = true taken out. A key the delta
+	// does not list has the base's line: its claims (share, want) equal
+	// the base's exactly, its demand fields are within the sender's
+	// tolerance of the base's. A receiver that does not hold that base
+	// must not apply the delta (it treats the epoch as not heard from the
+	// sender). base_epoch < epoch.
+	BaseEpoch int64 `protobuf:"varint,14,opt,name=base_epoch,json=baseEpoch,proto3" json:"base_epoch,omitempty"`
+	// The epoch length in milliseconds of a delta (base_epoch > 0), which
+	// carries epoch_ms = 0; 0 in a full report.
+	DeltaEpochMs int64 `protobuf:"varint,15,opt,name=delta_epoch_ms,json=deltaEpochMs,proto3" json:"delta_epoch_ms,omitempty"`
+	// The sender can apply deltas. A region sends deltas only while every
+	// region it hears says so; absent (false) from older senders, which then
+	// get full reports.
+	AcceptsDelta  bool `protobuf:"varint,16,opt,name=accepts_delta,json=acceptsDelta,proto3" json:"accepts_delta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -223,6 +246,27 @@ func (x *UsageReport) GetKeyParts() int32 {
 		return x.KeyParts
 	}
 	return 0
+}
+
+func (x *UsageReport) GetBaseEpoch() int64 {
+	if x != nil {
+		return x.BaseEpoch
+	}
+	return 0
+}
+
+func (x *UsageReport) GetDeltaEpochMs() int64 {
+	if x != nil {
+		return x.DeltaEpochMs
+	}
+	return 0
+}
+
+func (x *UsageReport) GetAcceptsDelta() bool {
+	if x != nil {
+		return x.AcceptsDelta
+	}
+	return false
 }
 
 // RelayedHeard is the heard vector of one report of `region`, as relayed by
@@ -381,8 +425,12 @@ type KeyUsage struct {
 	WantRateMilli int64 `protobuf:"varint,8,opt,name=want_rate_milli,json=wantRateMilli,proto3" json:"want_rate_milli,omitempty"`
 	// The growth of its burst share the sender asks for, milli cost units.
 	WantBurstMilli int64 `protobuf:"varint,9,opt,name=want_burst_milli,json=wantBurstMilli,proto3" json:"want_burst_milli,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Only in a delta report (UsageReport.base_epoch > 0): the key was in
+	// the base report and is not in this one (it claims the default, demand
+	// 0, want 0). The other fields are then 0.
+	Removed       bool `protobuf:"varint,10,opt,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeyUsage) Reset() {
@@ -478,11 +526,18 @@ func (x *KeyUsage) GetWantBurstMilli() int64 {
 	return 0
 }
 
+func (x *KeyUsage) GetRemoved() bool {
+	if x != nil {
+		return x.Removed
+	}
+	return false
+}
+
 var File_quotient_v1_usage_proto protoreflect.FileDescriptor
 
 const file_quotient_v1_usage_proto_rawDesc = "" +
 	"\n" +
-	"\x17quotient/v1/usage.proto\x12\vquotient.v1\"\xa1\x03\n" +
+	"\x17quotient/v1/usage.proto\x12\vquotient.v1\"\x8b\x04\n" +
 	"\vUsageReport\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x19\n" +
@@ -498,7 +553,11 @@ const file_quotient_v1_usage_proto_rawDesc = "" +
 	" \x01(\x03R\fstartedEpoch\x123\n" +
 	"\arelayed\x18\v \x03(\v2\x19.quotient.v1.RelayedHeardR\arelayed\x12\x19\n" +
 	"\bkey_part\x18\f \x01(\x05R\akeyPart\x12\x1b\n" +
-	"\tkey_parts\x18\r \x01(\x05R\bkeyParts\"\x91\x01\n" +
+	"\tkey_parts\x18\r \x01(\x05R\bkeyParts\x12\x1d\n" +
+	"\n" +
+	"base_epoch\x18\x0e \x01(\x03R\tbaseEpoch\x12$\n" +
+	"\x0edelta_epoch_ms\x18\x0f \x01(\x03R\fdeltaEpochMs\x12#\n" +
+	"\raccepts_delta\x18\x10 \x01(\bR\facceptsDelta\"\x91\x01\n" +
 	"\fRelayedHeard\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12#\n" +
@@ -507,7 +566,7 @@ const file_quotient_v1_usage_proto_rawDesc = "" +
 	"\vRegionHeard\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1d\n" +
 	"\n" +
-	"last_epoch\x18\x02 \x01(\x03R\tlastEpoch\"\xd1\x02\n" +
+	"last_epoch\x18\x02 \x01(\x03R\tlastEpoch\"\xeb\x02\n" +
 	"\bKeyUsage\x12\x1b\n" +
 	"\tpolicy_id\x18\x01 \x01(\tR\bpolicyId\x12\x18\n" +
 	"\asubject\x18\x02 \x01(\tR\asubject\x12\x16\n" +
@@ -517,7 +576,9 @@ const file_quotient_v1_usage_proto_rawDesc = "" +
 	"\x10share_rate_milli\x18\x06 \x01(\x03R\x0eshareRateMilli\x12*\n" +
 	"\x11share_burst_milli\x18\a \x01(\x03R\x0fshareBurstMilli\x12&\n" +
 	"\x0fwant_rate_milli\x18\b \x01(\x03R\rwantRateMilli\x12(\n" +
-	"\x10want_burst_milli\x18\t \x01(\x03R\x0ewantBurstMilliB?Z=github.com/quotientlabs/quotient/proto/quotient/v1;quotientv1b\x06proto3"
+	"\x10want_burst_milli\x18\t \x01(\x03R\x0ewantBurstMilli\x12\x18\n" +
+	"\aremoved\x18\n" +
+	" \x01(\bR\aremovedB?Z=github.com/quotientlabs/quotient/proto/quotient/v1;quotientv1b\x06proto3"
 
 var (
 	file_quotient_v1_usage_proto_rawDescOnce sync.Once
