@@ -341,16 +341,25 @@ func TestReplicasLeaderKill(t *testing.T) {
 		}
 	}
 	assert.NotContains(t, firstOf, "eu-c", "eu-c never led")
-	lastA := int64(-1)
+	lastA, lastB := int64(-1), int64(-1)
 	for _, c := range list {
-		if c.by == "eu-a" {
+		switch c.by {
+		case "eu-a":
 			lastA = c.epoch
+		case "eu-b":
+			lastB = c.epoch
 		}
 	}
 	assert.Equal(t, lastA+1, firstOf["eu-b"], "eu-b resumed after eu-a's last claimed epoch")
+	// The last epoch of a replica that was killed (eu-a) or stopped (eu-b,
+	// at the end) may have been cut off in its publication: the message
+	// can reach Kafka while the replica, its context cancelled, never
+	// learns it did (CI saw eu-b's last epoch on Kafka, marked
+	// unpublished). Every other epoch is published, and exactly once.
+	cutOff := func(by string, e int64) bool { return (by == "eu-a" && e == lastA) || (by == "eu-b" && e == lastB) }
 	published := map[int64]bool{}
 	for _, c := range list {
-		if !(c.by == "eu-a" && c.epoch == lastA) {
+		if !cutOff(c.by, c.epoch) {
 			assert.True(t, c.published, "epoch %d by %s: published (a first start skips the warm-up; the takeover adopts)", c.epoch, c.by)
 		}
 		if c.published {
@@ -368,7 +377,7 @@ func TestReplicasLeaderKill(t *testing.T) {
 	}
 	for e, n := range onKafka {
 		assert.Equal(t, 1, n, "epoch %d: one report", e)
-		assert.True(t, published[e], "epoch %d on Kafka was published by a replica", e)
+		assert.True(t, published[e] || e == lastA || e == lastB, "epoch %d on Kafka was published by a replica", e)
 	}
 	t.Logf("%d epochs collected (eu-a from %d, eu-b from %d), %d reports", len(list), firstOf["eu-a"], firstOf["eu-b"], len(onKafka))
 }

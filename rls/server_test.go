@@ -41,7 +41,16 @@ type harness struct {
 func startRLS(t *testing.T, rc redis.UniversalClient, cfg *Config, deadline time.Duration, headers bool) *harness {
 	t.Helper()
 	lcfg := limiter.DefaultConfig()
-	lcfg.Store = limiter.NewRedisStore(rc)
+	store := limiter.NewRedisStore(rc)
+	// Warm the store (connections, scripts, the cluster's slots) before
+	// the first call, as a server that reports ready does: cold, the first
+	// call's dial and script load on a three-node cluster passed a 50 ms
+	// deadline under CI's load and was answered by the fallback.
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err := store.Warm(wctx, limiter.DefaultWarmConfig())
+	wcancel()
+	require.NoError(t, err)
+	lcfg.Store = store
 	lcfg.Deadline = deadline
 	lcfg.EventSampleRate = -1
 	l, err := limiter.New(lcfg, nil)
