@@ -20,9 +20,8 @@ type PipelineConfig struct {
 	// Redis and the client a script call's fixed work and a round trip's
 	// system calls (64 callers on 2 cores: about 20 decisions a call with
 	// 2 workers against 11 with 4, and 15-25 % less CPU per decision on
-	// each side; README "Measured (limiter core)", measured again in its
-	// session expiry). 1 leaves Redis idle while the worker reads a reply.
-	// quotient gateway's --redis-pipeline defaults to this value.
+	// each side; README "Measured (limiter core)"). 1 leaves Redis idle
+	// while the worker reads a reply.
 	Workers int
 	// MaxBatch is the largest number of decisions a worker takes at once:
 	// they go out as one script call per Redis node (script.lua decides

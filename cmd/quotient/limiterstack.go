@@ -53,10 +53,7 @@ func (f *limiterFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.usageShards, "usage-shards", limiter.DefaultUsageShards, "usage hashes per epoch (packed layout, about the active keys per epoch over 64; must match the coordinator, whose record in Redis overrides it)")
 	fs.IntVar(&f.usageMaxKeys, "usage-max-keys", limiter.DefaultConfig().UsageMaxKeys, "usage counts of global policies held in memory, one per (epoch, policy, subject), about 180 B of heap each (250 B while a flush runs); beyond it new keys' usage is dropped, counted (quotient_limiter_usage_overflow_keys_total) and its epoch marked incomplete, so the coordinator holds those shares instead of shrinking them. Size it above the distinct global keys this process sees in two epochs")
 	fs.Float64Var(&f.eventSample, "event-sample", 0.01, "fraction of decisions logged as events (0 disables)")
-	// The default is the limiter's (DefaultPipelineConfig().Workers, 2), so
-	// the flag and the library cannot disagree; README "Measured (limiter
-	// core)", session expiry, has the measurement behind it.
-	fs.IntVar(&f.pipeline, "redis-pipeline", limiter.DefaultPipelineConfig().Workers, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own. Fewer pipelines make larger batches: on 2 cores with 64 callers 2 cost Redis and the gateway less CPU per decision than 4 at the same throughput")
+	fs.IntVar(&f.pipeline, "redis-pipeline", 4, "pipelines in flight that carry the decisions of concurrent requests together (automatic pipelining); 0 sends each decision on its own")
 	registerClockOffset(fs, &f.clockOffset)
 }
 
