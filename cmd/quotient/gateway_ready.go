@@ -68,6 +68,7 @@ type readiness struct {
 	cfg          warmFlags
 	log          *slog.Logger
 	addrs        string // the Redis addresses, for messages
+	name         string // "gateway" or "rls", for messages and the gauge
 
 	mu          sync.Mutex
 	state       int
@@ -80,22 +81,32 @@ type readiness struct {
 // newGatewayReadiness is the readiness of a gateway on store; reloader is
 // nil with --policy-source file.
 func newGatewayReadiness(store *limiter.RedisStore, reloader *policysync.Reloader, cfg warmFlags, log *slog.Logger, reg prometheus.Registerer) (*readiness, error) {
-	var load func(context.Context) error
-	if reloader != nil {
-		load = reloader.Load
-	}
-	return newReadiness(store, load, cfg, log, reg)
+	return newReadiness(store, reloaderLoad(reloader), cfg, log, reg, "gateway")
 }
 
-func newReadiness(store *limiter.RedisStore, loadPolicies func(context.Context) error, cfg warmFlags, log *slog.Logger, reg prometheus.Registerer) (*readiness, error) {
+// reloaderLoad is the policy snapshot read of reloader (nil without one).
+func reloaderLoad(reloader *policysync.Reloader) func(context.Context) error {
+	if reloader == nil {
+		return nil
+	}
+	return reloader.Load
+}
+
+// newReadiness is the warm start of the process name ("gateway", "rls"):
+// its gauge is quotient_<name>_ready.
+func newReadiness(store *limiter.RedisStore, loadPolicies func(context.Context) error, cfg warmFlags, log *slog.Logger, reg prometheus.Registerer, name string) (*readiness, error) {
 	w, err := limiter.NewWarmer(store, limiter.WarmConfig{Conns: cfg.conns, Interval: cfg.interval, Logger: log, Metrics: reg})
 	if err != nil {
 		return nil, err
 	}
-	r := &readiness{warmer: w, loadPolicies: loadPolicies, cfg: cfg, log: log, policiesOK: loadPolicies == nil, started: time.Now(), addrs: redisAddrs(store.Client())}
+	r := &readiness{warmer: w, loadPolicies: loadPolicies, cfg: cfg, log: log, policiesOK: loadPolicies == nil, started: time.Now(), addrs: redisAddrs(store.Client()), name: name}
+	waiting := "/readyz 503"
+	if name != "gateway" {
+		waiting = "gRPC health NOT_SERVING"
+	}
 	if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "quotient_gateway_ready",
-		Help: "Readiness: 0 warming up (/readyz 503), 1 ready and warm, 2 ready in fallback (serving while Redis is not warm: not within --warm-timeout at start, or cold since).",
+		Name: "quotient_" + name + "_ready",
+		Help: "Readiness: 0 warming up (" + waiting + "), 1 ready and warm, 2 ready in fallback (serving while Redis is not warm: not within --warm-timeout at start, or cold since).",
 	}, r.gaugeValue)); err != nil {
 		return nil, err
 	}
@@ -129,7 +140,7 @@ func (r *readiness) run(ctx context.Context) {
 			r.mu.Lock()
 			r.state, r.readyAt = stateReadyFallback, time.Now()
 			r.mu.Unlock()
-			r.log.Warn("gateway ready in fallback: "+r.waitingFor(), "warm_timeout", r.cfg.timeout)
+			r.log.Warn(r.name+" ready in fallback: "+r.waitingFor(), "warm_timeout", r.cfg.timeout)
 			return
 		}
 	}
@@ -137,7 +148,7 @@ func (r *readiness) run(ctx context.Context) {
 	r.state, r.readyAt = stateReady, time.Now()
 	r.mu.Unlock()
 	st := r.warmer.Status()
-	r.log.Info("gateway ready", "redis_nodes", st.Nodes, "took", time.Since(r.started).Round(time.Millisecond))
+	r.log.Info(r.name+" ready", "redis_nodes", st.Nodes, "took", time.Since(r.started).Round(time.Millisecond))
 }
 
 // gaugeValue is quotient_gateway_ready: the state, where ready means warm

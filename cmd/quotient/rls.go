@@ -24,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/quotientlabs/quotient/region/policysync"
 	"github.com/quotientlabs/quotient/rls"
 	"github.com/quotientlabs/quotient/rls/quota"
 )
@@ -50,6 +51,10 @@ policies (scope global) take the region set from the region's coordinator
 With --listen-tls-cert and --listen-tls-key, gRPC (and /metrics) is served
 over TLS only, the files re-read when they change; --listen-tls-client-ca
 makes every client present a certificate that chains to it (mutual TLS).
+gRPC health says NOT_SERVING until Redis is warm (connections open, scripts
+loaded on every node, the policy snapshot read with --policy-source redis) or
+--warm-timeout has passed (then SERVING, in fallback); calls made meanwhile
+are answered.
 Every flag can also be set with QUOTIENT_<FLAG> (--config-dir is
 QUOTIENT_CONFIG_DIR).
 
@@ -87,6 +92,7 @@ type rlsConfig struct {
 	gcPercent                                      int       // --gc-percent
 	gcExplicit                                     bool      // --gc-percent given (flag or QUOTIENT_GC_PERCENT)
 	quota                                          rlqsFlags // rlqs.go
+	warm                                           warmFlags // warm start (gateway_ready.go)
 	// listenSec is the TLS of --listen and --metrics-listen (one
 	// certificate, re-read when it changes; with a client CA, both
 	// require a client certificate that chains to it).
@@ -151,6 +157,7 @@ func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
 	fs.IntVar(&c.streamWorkers, "grpc-stream-workers", defaultStreamWorkers, "goroutines kept to run gRPC calls, so a call does not start a goroutine and grow its stack again (calls beyond them get their own goroutine); 0: a new goroutine per call")
 	c.registerListenTLS(fs)
 	c.quota.register(fs) // RLQS flags (rlqs.go)
+	addWarmFlags(fs, &c.warm)
 	if err := parseFlags(fs, args, env.lookupEnv); err != nil {
 		return nil, err
 	}
@@ -179,6 +186,9 @@ func parseRLSFlags(env environment, args []string) (*rlsConfig, error) {
 		return nil, err
 	}
 	if err := c.quota.validate(); err != nil { // RLQS (rlqs.go)
+		return nil, err
+	}
+	if err := c.warm.validate(); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -256,6 +266,18 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	if err != nil {
 		return err
 	}
+	// Warm start, as the gateway's (gateway_ready.go): health says
+	// NOT_SERVING until the Redis connections are open, the scripts loaded
+	// on every node and (--policy-source redis) the policy snapshot read,
+	// or until --warm-timeout passes (then SERVING, in fallback).
+	var reloader *policysync.Reloader
+	if source != nil {
+		reloader = source.reloader
+	}
+	ready, err := newReadiness(stack.store, reloaderLoad(reloader), cfg.warm, log, stack.reg, "rls")
+	if err != nil {
+		return err
+	}
 
 	// The gRPC services, one Register line each (and a health status
 	// line below for each that health checkers may name).
@@ -269,8 +291,7 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	gs := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	services := []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName}
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
 	// RLQS (rlqs.go): same configuration, Redis and region set.
@@ -280,7 +301,7 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 			return err
 		}
 		rlqsv3.RegisterRateLimitQuotaServiceServer(gs, qs)
-		hs.SetServingStatus(rlqsv3.RateLimitQuotaService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+		services = append(services, rlqsv3.RateLimitQuotaService_ServiceDesc.ServiceName)
 		qctx, stopQuota := context.WithCancel(ctx)
 		defer stopQuota()
 		go qs.Run(qctx)
@@ -319,6 +340,20 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	defer stopWatch()
 	go watcher.Run(watchCtx, cfg.reload)
 	go source.run(watchCtx)
+	// Health checkers see NOT_SERVING while warming up. Calls that come
+	// anyway are answered (the store, or the fallback where it cannot).
+	for _, name := range services {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	go func() {
+		ready.run(watchCtx)
+		if watchCtx.Err() != nil {
+			return
+		}
+		for _, name := range services {
+			hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+		}
+	}()
 
 	var serveErr error
 	select {

@@ -91,9 +91,8 @@ func TestRLSEndToEnd(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	hc, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
-	require.NoError(t, err)
-	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, hc.Status)
+	waitHealth(t, conn, "envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING, 10*time.Second)
+	assert.GreaterOrEqual(t, cachedScripts(t, rs), 1, "SERVING once the scripts are loaded")
 
 	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
 	require.NoError(t, err)
@@ -129,6 +128,66 @@ func TestRLSEndToEnd(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond)
 	assert.Equal(t, rlsv3.RateLimitResponse_OK, rlsCall(t, client, "api", "user", "u1").OverallCode)
 	stop()
+}
+
+// waitHealth polls the gRPC health status of service until it is want,
+// for at most limit, and returns how long that took.
+func waitHealth(t *testing.T, conn *grpc.ClientConn, service string, want healthpb.HealthCheckResponse_ServingStatus, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	hc := healthpb.NewHealthClient(conn)
+	var last healthpb.HealthCheckResponse_ServingStatus
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		cancel()
+		require.NoError(t, err)
+		if last = r.GetStatus(); last == want {
+			return time.Since(start)
+		}
+		require.Less(t, time.Since(start), limit, "health of %q: %v, not %v within %v", service, last, want, limit)
+		time.Sleep(10 * time.Millisecond) // polling a real server with a deadline
+	}
+}
+
+// TestRLSWarmStart: quotient rls tells gRPC health checkers NOT_SERVING
+// until its Redis is warm (connections open, scripts loaded on the node),
+// as the gateway's /readyz does, and SERVING after; with Redis down for
+// longer than --warm-timeout it serves in fallback and says so. Calls made
+// while warming are answered (here by the fallback).
+func TestRLSWarmStart(t *testing.T) {
+	root := t.TempDir()
+	rlsFile(t, filepath.Join(root, "ratelimit", "config", "limits.yaml"), rlsLimits, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	services := []string{"", "envoy.service.ratelimit.v3.RateLimitService"}
+
+	t.Run("redis comes up", func(t *testing.T) {
+		rs := redistest.StartServer(t)
+		rs.Stop() // down at start
+		conn, stderr, stop := startRLS(t, nil, "--redis", rs.Addr(), "--config-dir", filepath.Join(root, "ratelimit"), "--warm-timeout", "10m", "--warm-interval", "50ms", "--timeout", "50ms")
+		for _, svc := range services {
+			waitHealth(t, conn, svc, healthpb.HealthCheckResponse_NOT_SERVING, 10*time.Second)
+		}
+		assert.NotContains(t, stderr.String(), "rls ready", "ready without Redis, before --warm-timeout")
+		// Answered while warming: the fallback admits within its limit.
+		assert.Equal(t, rlsv3.RateLimitResponse_OK, rlsCall(t, rlsv3.NewRateLimitServiceClient(conn), "api", "user", "w").OverallCode)
+		rs.Restart(t)
+		took := waitHealth(t, conn, "envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING, 20*time.Second)
+		waitHealth(t, conn, "", healthpb.HealthCheckResponse_SERVING, 5*time.Second)
+		assert.GreaterOrEqual(t, cachedScripts(t, rs), 1, "SERVING once the scripts are on the node")
+		assert.Contains(t, stderr.String(), "rls ready")
+		assert.NotContains(t, stderr.String(), "rls ready in fallback")
+		t.Logf("SERVING %v after Redis came back", took.Round(time.Millisecond))
+		stop()
+	})
+	t.Run("redis stays down", func(t *testing.T) {
+		rs := redistest.StartServer(t)
+		rs.Stop()
+		conn, stderr, stop := startRLS(t, nil, "--redis", rs.Addr(), "--config-dir", filepath.Join(root, "ratelimit"), "--warm-timeout", "300ms", "--warm-interval", "50ms", "--timeout", "50ms")
+		waitHealth(t, conn, "envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING, 20*time.Second)
+		assert.Contains(t, stderr.String(), "rls ready in fallback: redis "+rs.Addr()+" not warm")
+		assert.Equal(t, rlsv3.RateLimitResponse_OK, rlsCall(t, rlsv3.NewRateLimitServiceClient(conn), "api", "user", "w").OverallCode)
+		stop()
+	})
 }
 
 func TestRLSFlags(t *testing.T) {
