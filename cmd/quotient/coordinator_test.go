@@ -2,13 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,6 +60,9 @@ func TestCoordinatorBadInput(t *testing.T) {
 		{"bad pressure interval", append(base, "--policies", good, "--pressure-interval", "0s"), nil, "--pressure-interval 0s: want a positive duration"},
 		{"transfer topic is the usage topic", append(base, "--policies", good, "--transfer-topic", "quotient.usage"), nil, `--transfer-topic "quotient.usage" is --topic`},
 		{"unknown flag", append(base, "--nope"), nil, "flag provided but not defined: -nope"},
+		{"parts not dividing the shards", append(base, "--policies", good, "--parts", "3"), nil, "--parts 3 does not divide --usage-shards 16384"},
+		{"parts with the split layout", append(base, "--policies", good, "--parts", "2"), nil, "--parts 2 needs --usage-split-shards 0"},
+		{"no parts", append(base, "--policies", good, "--parts", "0"), nil, "--parts 0: want at least 1"},
 		{"missing tokens", append(base, "--admin-tokens-file", "/nonexistent/tokens"), nil, "--admin-tokens-file: open /nonexistent/tokens"},
 		{"bad tokens", append(base, "--admin-tokens-file", writePolicies(t, "ops superuser 0123456789abcdef0123\n")), nil, "line 1"},
 		{"seeds without bind", append(base, "--policy-log", "--gossip-seeds", "10.0.0.1:7946"), nil, "--gossip-seeds needs --gossip-bind"},
@@ -81,7 +85,22 @@ func TestCoordinatorBadInput(t *testing.T) {
 // real redis-server and kfake, the command serves /healthz and exits 0
 // when its context ends (SIGTERM in main).
 func TestCoordinatorRunsAndStops(t *testing.T) {
-	testCoordinatorRuns(t, map[string]string{"QUOTIENT_POLICIES": writePolicies(t, globalPolicy)}, "/healthz", "")
+	testCoordinatorRuns(t, map[string]string{"QUOTIENT_POLICIES": writePolicies(t, globalPolicy)}, "/healthz", "", "")
+}
+
+// TestCoordinatorRunsParts: with --parts 4 (and the packed usage layout
+// only) one replica, without gossip, runs every part of the key space:
+// /healthz says so, part by part, once each part has collected an epoch.
+func TestCoordinatorRunsParts(t *testing.T) {
+	body := testCoordinatorRuns(t, map[string]string{
+		"QUOTIENT_POLICIES": writePolicies(t, globalPolicy),
+		"QUOTIENT_PARTS":    "4", "QUOTIENT_USAGE_SPLIT_SHARDS": "0",
+	}, "/healthz", "", `"part":3,"last_epoch":`)
+	assert.Contains(t, body, `"role":"parts"`)
+	assert.Contains(t, body, `"parts":4`)
+	for p := range 4 {
+		assert.Contains(t, body, fmt.Sprintf(`"part":%d,`, p))
+	}
 }
 
 // TestCoordinatorControlPlaneRunsAndStops: the same with the control plane
@@ -93,10 +112,14 @@ func TestCoordinatorControlPlaneRunsAndStops(t *testing.T) {
 	testCoordinatorRuns(t, map[string]string{
 		"QUOTIENT_ADMIN_TOKENS_FILE": writePolicies(t, "viewer read "+tok+"\n"),
 		"QUOTIENT_GOSSIP_BIND":       "127.0.0.1:0", "QUOTIENT_NODE_NAME": "a-1",
-	}, "/readyz", tok)
+	}, "/readyz", tok, "")
 }
 
-func testCoordinatorRuns(t *testing.T, extra map[string]string, probe, token string) {
+// testCoordinatorRuns runs the coordinator with the environment extra,
+// waits until probe answers 200 (and its body holds want, when want is
+// not empty), checks the admin API with token (when not empty), stops it
+// and returns probe's last body.
+func testCoordinatorRuns(t *testing.T, extra map[string]string, probe, token, want string) string {
 	srv := redistest.StartServer(t)
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(t, err)
@@ -119,14 +142,16 @@ func testCoordinatorRuns(t *testing.T, extra map[string]string, probe, token str
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	var body []byte
 	for {
 		resp, err := http.Get("http://" + addr + probe)
 		if err == nil {
+			body, err = io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if err == nil && resp.StatusCode == http.StatusOK && strings.Contains(string(body), want) {
 				break
 			}
-			err = errors.New(resp.Status)
+			err = fmt.Errorf("%s: %s", resp.Status, body)
 		}
 		require.True(t, time.Now().Before(deadline), "no /healthz by the deadline: %v\n%s", err, errb.String())
 		select {
@@ -152,4 +177,5 @@ func testCoordinatorRuns(t *testing.T, extra map[string]string, probe, token str
 		t.Fatal("coordinator did not stop within 30 s of cancel")
 	}
 	assert.Contains(t, errb.String(), "coordinator stopped")
+	return string(body)
 }
