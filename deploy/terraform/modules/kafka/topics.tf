@@ -8,12 +8,13 @@ locals {
   topics = {
     # One usage report per region per epoch, split into parts; keyed by
     # region so one region's reports stay ordered. Only recent epochs
-    # matter. With --parts N > 3, give it N partitions (the coordinators
-    # create it with max(3, N)): each key part's reports go to partition
-    # part mod n and its consumer reads only that one; fewer partitions
-    # still work, with parts sharing partitions.
+    # matter. max(3, key_parts) partitions, as the coordinators create it:
+    # each key part's reports go to partition part mod n and its consumer
+    # reads only that one (fewer partitions still work, with parts sharing
+    # partitions). A topic that exists keeps its partitions: add them
+    # with kafka-topics.sh --alter before raising key_parts.
     "quotient.usage" = {
-      partitions = 3
+      partitions = max(3, var.key_parts)
       config = {
         "cleanup.policy"      = "delete"
         "retention.ms"        = tostring(var.usage_retention_hours * 3600000)

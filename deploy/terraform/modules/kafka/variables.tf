@@ -120,6 +120,17 @@ variable "usage_retention_hours" {
   }
 }
 
+variable "key_parts" {
+  type        = number
+  description = "The region module's key_parts (the coordinators' QUOTIENT_PARTS): the usage topic gets max(3, key_parts) partitions, one per part, so each part's consumer reads only its own."
+  default     = 1
+
+  validation {
+    condition     = contains([1, 2, 4, 8, 16, 32, 64, 128, 256], var.key_parts)
+    error_message = "key_parts must be a power of two from 1 to 256, the region module's key_parts."
+  }
+}
+
 variable "replication_sources" {
   type        = map(string)
   description = "One cluster per region: the other regions' clusters this one mirrors from with MirrorMaker 2, as region name => TLS bootstrap brokers (comma-separated host:port). Empty (the default) runs no MirrorMaker, for one shared cluster or a single region."

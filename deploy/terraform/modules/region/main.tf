@@ -58,6 +58,12 @@ locals {
   # QUOTIENT_KAFKA_SASL_PASSWORD) are ECS secrets (coordinator.tf).
   coordinator_env_optional = merge(
     var.kafka_sasl_scram_secret_arn == null ? {} : { QUOTIENT_KAFKA_SASL = "SCRAM-SHA-512" },
+    # Key parts: each part's key space is its usage shards mod N, which
+    # the previous release's split layout does not follow.
+    var.key_parts == 1 ? {} : {
+      QUOTIENT_PARTS              = tostring(var.key_parts)
+      QUOTIENT_USAGE_SPLIT_SHARDS = "0"
+    },
     var.admin_client_ca_secret_arn == null ? {} : {
       QUOTIENT_LISTEN_TLS_CLIENT_CA = local.admin_client_ca_file
       QUOTIENT_ADMIN_CLIENT_CERT    = "true"

@@ -184,6 +184,17 @@ variable "coordinator_desired_count" {
   }
 }
 
+variable "key_parts" {
+  type        = number
+  description = "Parts the region's coordinator replicas split the key space into (QUOTIENT_PARTS; issue 15): each live replica runs the parts it wins by rendezvous hash, so N replicas carry N times the keys. 1 (the default): one replica leads every key. It must be the same in every region, give the kafka module's key_parts the same value (one usage partition per part), and above 1 it turns off the previous release's split usage layout (QUOTIENT_USAGE_SPLIT_SHARDS=0), so every gateway must run a release that writes the packed layout first."
+  default     = 1
+
+  validation {
+    condition     = contains([1, 2, 4, 8, 16, 32, 64, 128, 256], var.key_parts)
+    error_message = "key_parts must be a power of two from 1 to 256 (it must divide the 16384 usage shards)."
+  }
+}
+
 variable "coordinator_cpu" {
   type        = number
   description = "Fargate CPU units of one coordinator task (1024 = 1 vCPU)."
