@@ -51,10 +51,10 @@ policies (scope global) take the region set from the region's coordinator
 With --listen-tls-cert and --listen-tls-key, gRPC (and /metrics) is served
 over TLS only, the files re-read when they change; --listen-tls-client-ca
 makes every client present a certificate that chains to it (mutual TLS).
-gRPC health says NOT_SERVING until Redis is warm (connections open, scripts
-loaded on every node, the policy snapshot read with --policy-source redis) or
---warm-timeout has passed (then SERVING, in fallback); calls made meanwhile
-are answered.
+The gRPC health of the services (not of "", the process) is NOT_SERVING until
+Redis is warm (connections open, scripts loaded on every node, the policy
+snapshot read with --policy-source redis) or --warm-timeout has passed (then
+SERVING, in fallback); calls made meanwhile are answered.
 Every flag can also be set with QUOTIENT_<FLAG> (--config-dir is
 QUOTIENT_CONFIG_DIR).
 
@@ -290,8 +290,11 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	}
 	gs := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	// "" is the process (liveness): SERVING while it runs. The services
+	// (readiness) are NOT_SERVING until the warm start ends (below).
 	hs := health.NewServer()
-	services := []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	services := []string{rlsv3.RateLimitService_ServiceDesc.ServiceName}
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
 	// RLQS (rlqs.go): same configuration, Redis and region set.

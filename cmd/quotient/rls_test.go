@@ -150,29 +150,29 @@ func waitHealth(t *testing.T, conn *grpc.ClientConn, service string, want health
 	}
 }
 
-// TestRLSWarmStart: quotient rls tells gRPC health checkers NOT_SERVING
-// until its Redis is warm (connections open, scripts loaded on the node),
+// TestRLSWarmStart: quotient rls tells gRPC health checkers of its
+// service NOT_SERVING ("", the process, stays SERVING) until its Redis is
+// warm (connections open, scripts loaded on the node),
 // as the gateway's /readyz does, and SERVING after; with Redis down for
 // longer than --warm-timeout it serves in fallback and says so. Calls made
 // while warming are answered (here by the fallback).
 func TestRLSWarmStart(t *testing.T) {
 	root := t.TempDir()
 	rlsFile(t, filepath.Join(root, "ratelimit", "config", "limits.yaml"), rlsLimits, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	services := []string{"", "envoy.service.ratelimit.v3.RateLimitService"}
+	const svc = "envoy.service.ratelimit.v3.RateLimitService"
 
 	t.Run("redis comes up", func(t *testing.T) {
 		rs := redistest.StartServer(t)
 		rs.Stop() // down at start
 		conn, stderr, stop := startRLS(t, nil, "--redis", rs.Addr(), "--config-dir", filepath.Join(root, "ratelimit"), "--warm-timeout", "10m", "--warm-interval", "50ms", "--timeout", "50ms")
-		for _, svc := range services {
-			waitHealth(t, conn, svc, healthpb.HealthCheckResponse_NOT_SERVING, 10*time.Second)
-		}
+		// Readiness (the service) waits; liveness ("") does not.
+		waitHealth(t, conn, svc, healthpb.HealthCheckResponse_NOT_SERVING, 10*time.Second)
+		waitHealth(t, conn, "", healthpb.HealthCheckResponse_SERVING, 10*time.Second)
 		assert.NotContains(t, stderr.String(), "rls ready", "ready without Redis, before --warm-timeout")
 		// Answered while warming: the fallback admits within its limit.
 		assert.Equal(t, rlsv3.RateLimitResponse_OK, rlsCall(t, rlsv3.NewRateLimitServiceClient(conn), "api", "user", "w").OverallCode)
 		rs.Restart(t)
-		took := waitHealth(t, conn, "envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING, 20*time.Second)
-		waitHealth(t, conn, "", healthpb.HealthCheckResponse_SERVING, 5*time.Second)
+		took := waitHealth(t, conn, svc, healthpb.HealthCheckResponse_SERVING, 20*time.Second)
 		assert.GreaterOrEqual(t, cachedScripts(t, rs), 1, "SERVING once the scripts are on the node")
 		assert.Contains(t, stderr.String(), "rls ready")
 		assert.NotContains(t, stderr.String(), "rls ready in fallback")
@@ -183,7 +183,7 @@ func TestRLSWarmStart(t *testing.T) {
 		rs := redistest.StartServer(t)
 		rs.Stop()
 		conn, stderr, stop := startRLS(t, nil, "--redis", rs.Addr(), "--config-dir", filepath.Join(root, "ratelimit"), "--warm-timeout", "300ms", "--warm-interval", "50ms", "--timeout", "50ms")
-		waitHealth(t, conn, "envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING, 20*time.Second)
+		waitHealth(t, conn, svc, healthpb.HealthCheckResponse_SERVING, 20*time.Second)
 		assert.Contains(t, stderr.String(), "rls ready in fallback: redis "+rs.Addr()+" not warm")
 		assert.Equal(t, rlsv3.RateLimitResponse_OK, rlsCall(t, rlsv3.NewRateLimitServiceClient(conn), "api", "user", "w").OverallCode)
 		stop()
