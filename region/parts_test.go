@@ -243,7 +243,7 @@ func (f *partsFleet) publishedSince(since time.Time, names ...string) bool {
 // partsWait bounds a wait for every part's reports: a part whose first
 // start cannot be told from a restart (the history read timed out, as it
 // can on a loaded machine) warms up first, silent for WarmupEpochs.
-const partsWait = wait + time.Duration(9)*partsEpoch
+var partsWait = wait + time.Duration(rebalancer.DefaultConfig().WarmupEpochs)*partsEpoch
 
 // partReports reads the usage topic from its start: region's reports, as
 // on the wire (with their key part).

@@ -57,9 +57,9 @@ const (
 	stateReadyFallback = 2 // serving while Redis is not warm (--warm-timeout passed first, or it went cold since): the fallback answers what the store cannot
 )
 
-// readiness is the gateway's warm start: run warms the store and loads the
-// policies, then marks the gateway ready (or, after the bound, ready in
-// fallback). Its handlers are safe for concurrent use.
+// readiness is the warm start of the gateway and of rls: run warms the
+// store and loads the policies, then marks the process ready (or, after
+// the bound, ready in fallback). Its handlers are safe for concurrent use.
 type readiness struct {
 	warmer *limiter.Warmer
 	// loadPolicies reads the policy snapshot once (nil with --policy-source
@@ -151,7 +151,7 @@ func (r *readiness) run(ctx context.Context) {
 	r.log.Info(r.name+" ready", "redis_nodes", st.Nodes, "took", time.Since(r.started).Round(time.Millisecond))
 }
 
-// gaugeValue is quotient_gateway_ready: the state, where ready means warm
+// gaugeValue is quotient_<name>_ready: the state, where ready means warm
 // now (a gateway that started in fallback and has since warmed up is 1, and
 // one whose Redis went cold is 2).
 func (r *readiness) gaugeValue() float64 {
