@@ -191,13 +191,18 @@ func (p *PressureSource) WaitPressure(ctx context.Context, wait time.Duration) (
 }
 
 // Demand implements rebalancer.PressureSource: each key's recent demand
-// rate. A key read before, between epoch/10 and epoch/2 ago (1 s and 5 s
-// with 10 s epochs: one gateway flush at least, so the counts moved), gets
-// what its usage counts gained since that read over the time since; read
-// less than epoch/10 ago, the rate of that read again. Otherwise (a first
-// ask for the key, or an old baseline) the estimate is its demand so far
-// in now's epoch over the time the epoch has run (a slight underestimate:
-// the gateways' last flush interval is not in Redis yet); in the first
+// rate. A key read before, between min(epoch/10, the window) and epoch/2
+// ago (1 s and 5 s with 10 s epochs and the default window: one gateway
+// flush at least, so the counts moved; see SetWindow), gets what its usage
+// counts gained since that read over the time since; read sooner, the rate
+// of that read again. (The window bounds it since a 250 ms flush interval
+// with 4 s epochs left an asker's third ask, half an ask interval after
+// its second, reading the epoch-to-date estimate of a giver whose traffic
+// had just left: nothing was given until the next decision.) Otherwise
+// (a first ask for the key, or an old baseline) the estimate is its demand
+// so far in now's epoch over the time the epoch has run (a slight
+// underestimate: the gateways' last flush interval is not in Redis yet);
+// in the first
 // second of an epoch (DemandMinWindow) the previous epoch's demand is
 // added, over its length too, so that an epoch's first flushes do not
 // read as idle (which would give away share still in use). That estimate
@@ -231,9 +236,9 @@ func (p *PressureSource) Demand(ctx context.Context, now time.Time, keys []rebal
 		}
 		return total * 1000 * 1000 / max(1, window.Milliseconds())
 	}
-	minAge, maxAge := p.epoch/10, p.epoch/2
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	minAge, maxAge := min(p.epoch/10, p.window), p.epoch/2
 	if p.own == nil {
 		p.own = map[string]ownRead{}
 	}

@@ -71,11 +71,12 @@ func TestPressureSourceRates(t *testing.T) {
 }
 
 // TestPressureSourceDemandFollowsRecentUsage: a key read again between
-// epoch/10 and epoch/2 after its last Demand read gets the rate of what its
-// usage gained since (across an epoch boundary too), so a giver whose
-// traffic just left reads as idle at the asker's next ask instead of at
-// its epoch-to-date average; a read sooner than epoch/10 repeats the last
-// rate, and an old baseline falls back to the epoch-to-date estimate.
+// epoch/10 (1 s, the default window) and epoch/2 after its last Demand read gets
+// the rate of what its usage gained since (across an epoch boundary too),
+// so a giver whose traffic just left reads as idle at the asker's next ask
+// instead of at its epoch-to-date average; a read sooner than epoch/10
+// repeats the last rate, and an old baseline falls back to the
+// epoch-to-date estimate.
 func TestPressureSourceDemandFollowsRecentUsage(t *testing.T) {
 	const epoch = 10 * time.Second
 	for name, c := range clients(t) {
@@ -128,6 +129,42 @@ func TestPressureSourceDemandFollowsRecentUsage(t *testing.T) {
 			own, err = src.Demand(ctx, t3, []rebalancer.Key{ka})
 			require.NoError(t, err)
 			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 30 * 1_000_000 / t3.Sub(rebalancer.EpochStart(e+1, epoch)).Milliseconds()}}, own, "the new epoch so far")
+		})
+	}
+}
+
+// TestPressureSourceDemandWindowIsTheFlushInterval: with a flush interval
+// (SetWindow) shorter than epoch/10, a read one window after the first
+// measures the usage since it, so the giver of a key whose traffic left
+// reads idle within a window, not an epoch tenth.
+func TestPressureSourceDemandWindowIsTheFlushInterval(t *testing.T) {
+	const epoch = 4 * time.Second
+	for name, c := range clients(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			e := rebalancer.EpochOf(time.Now(), epoch) + 2
+			gw := limiter.NewRedisUsageSink(c, 4, epoch, 3)
+			a := limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "short"}
+			ka := rebalancer.Key{PolicyID: "g", Subject: a.Key()}
+			failed, err := gw.WriteUsage(ctx, []limiter.UsageCount{{Epoch: e, PolicyID: "g", Subject: a, Demand: 600, Admitted: 600}})
+			require.NoError(t, err)
+			require.Empty(t, failed)
+			src := redisio.NewPressureSource(c, 4, epoch, 0)
+			src.SetWindow(250 * time.Millisecond)
+
+			t0 := rebalancer.EpochStart(e, epoch).Add(2 * time.Second)
+			own, err := src.Demand(ctx, t0, []rebalancer.Key{ka})
+			require.NoError(t, err)
+			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 300_000}}, own, "a first read: the epoch so far")
+
+			own, err = src.Demand(ctx, t0.Add(200*time.Millisecond), []rebalancer.Key{ka})
+			require.NoError(t, err)
+			assert.Equal(t, []rebalancer.Pressure{{Key: ka, DemandMilli: 600 * 1_000_000 / 2_200}}, own, "sooner than the window: the epoch so far again")
+
+			own, err = src.Demand(ctx, t0.Add(300*time.Millisecond), []rebalancer.Key{ka})
+			require.NoError(t, err)
+			assert.Empty(t, own, "a window after the first read, nothing used since: idle (epoch/10 is 400 ms)")
 		})
 	}
 }
