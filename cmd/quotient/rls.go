@@ -310,6 +310,13 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 		go qs.Run(qctx)
 	}
 
+	// Health checkers see NOT_SERVING while warming up, from the first
+	// check (set before the listener serves: a check in between got
+	// NotFound). Calls that come anyway are answered (the store, or the
+	// fallback where it cannot).
+	for _, name := range services {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
 	ln, metricsLn, err := openListeners(env.stdout, "rls", cfg.listen, cfg.metricsListen)
 	if err != nil {
 		return err
@@ -343,11 +350,6 @@ func serveRLS(ctx context.Context, env environment, cfg *rlsConfig, log *slog.Lo
 	defer stopWatch()
 	go watcher.Run(watchCtx, cfg.reload)
 	go source.run(watchCtx)
-	// Health checkers see NOT_SERVING while warming up. Calls that come
-	// anyway are answered (the store, or the fallback where it cannot).
-	for _, name := range services {
-		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
-	}
 	go func() {
 		ready.run(watchCtx)
 		if watchCtx.Err() != nil {
