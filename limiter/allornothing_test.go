@@ -344,9 +344,18 @@ func TestAllOrNothingFallback(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 16, admitted, "the account's fallback admits 16")
-	d, err := l.checkSubjectFallbackAt(l.Now(), Subject{Kind: SubjectAPIKey, Value: "k"}, l.Policies()[:1], 0)
+	// Remaining is reported at most the policy's burst (20): probe the
+	// fallback's own count with costs instead. 24 are left, not 40-25.
+	key := Subject{Kind: SubjectAPIKey, Value: "k"}
+	d, err := l.checkSubjectFallbackAt(l.Now(), key, l.Policies()[:1], 0)
 	require.NoError(t, err)
-	assert.Equal(t, int64(40-16), d.Policies[0].Remaining, "the key's fallback spent only the admitted requests")
+	assert.Equal(t, int64(20), d.Policies[0].Remaining, "remaining is stated against the policy's burst")
+	d, err = l.checkSubjectFallbackAt(l.Now(), key, l.Policies()[:1], 25)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed, "the key's fallback has fewer than 25 left")
+	d, err = l.checkSubjectFallbackAt(l.Now(), key, l.Policies()[:1], 24)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed, "the key's fallback spent only the 16 admitted requests")
 }
 
 // TestAllOrNothingUsage: a request that the account rejects counts its

@@ -223,7 +223,10 @@ func (f *fallback) decide(now time.Time, subjects []Subject, policies []*Policy,
 		}
 		pd := &out[i]
 		pd.Allowed = r.allowed
-		pd.Remaining = r.remaining
+		// An open fallback counts against OpenFactor x the quota; the
+		// client is never told more than the policy's quota remains
+		// (RateLimit fields and RLS statuses state Limit beside it).
+		pd.Remaining = min(r.remaining, pd.Limit)
 		pd.ResetAfter = time.Duration(r.resetMs) * time.Millisecond
 		switch {
 		case r.allowed:

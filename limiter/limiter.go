@@ -404,7 +404,9 @@ type PolicyDecision struct {
 	// Limit is the policy's quota in cost units: burst for buckets, limit
 	// for windows (the global value for global policies).
 	Limit int64
-	// Remaining cost units after this request.
+	// Remaining cost units after this request, at most Limit (a fallback
+	// that fails open counts against a larger in-process quota: see
+	// Policy.OnStoreFailure; it reports at most the policy's own).
 	Remaining int64
 	// ResetAfter is the time until the quota is whole again.
 	ResetAfter time.Duration
