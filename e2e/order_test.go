@@ -33,6 +33,7 @@ var longestFirst = []string{
 	"TestBinariesGatewayRestarted",
 	"TestBinariesTwoRegionsAsTheReadme",
 	"TestBinariesTransferAfterShift",
+	"TestBinariesRLSGlobalLimitTwoRegions",
 	"TestBinariesLeaderKilled",
 }
 
