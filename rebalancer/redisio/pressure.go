@@ -202,10 +202,9 @@ func (p *PressureSource) WaitPressure(ctx context.Context, wait time.Duration) (
 // (a first ask for the key, or an old baseline) the estimate is its demand
 // so far in now's epoch over the time the epoch has run (a slight
 // underestimate: the gateways' last flush interval is not in Redis yet);
-// in the first
-// second of an epoch (DemandMinWindow) the previous epoch's demand is
-// added, over its length too, so that an epoch's first flushes do not
-// read as idle (which would give away share still in use). That estimate
+// in the first second of an epoch (DemandMinWindow) the previous epoch's
+// demand is added, over its length too, so that an epoch's first flushes
+// do not read as idle (which would give away share still in use). That estimate
 // is high for a key whose traffic just left (the epoch's earlier part
 // counts), so such a giver gives at the asker's next ask, when the
 // counts since this read show the traffic gone. Keys without usage are

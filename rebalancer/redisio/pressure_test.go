@@ -71,12 +71,12 @@ func TestPressureSourceRates(t *testing.T) {
 }
 
 // TestPressureSourceDemandFollowsRecentUsage: a key read again between
-// epoch/10 (1 s, the default window) and epoch/2 after its last Demand read gets
-// the rate of what its usage gained since (across an epoch boundary too),
-// so a giver whose traffic just left reads as idle at the asker's next ask
-// instead of at its epoch-to-date average; a read sooner than epoch/10
-// repeats the last rate, and an old baseline falls back to the
-// epoch-to-date estimate.
+// epoch/10 (1 s, the default window) and epoch/2 after its last Demand
+// read gets the rate of what its usage gained since (across an epoch
+// boundary too), so a giver whose traffic just left reads as idle at the
+// asker's next ask instead of at its epoch-to-date average; a read sooner
+// than epoch/10 repeats the last rate, and an old baseline falls back to
+// the epoch-to-date estimate.
 func TestPressureSourceDemandFollowsRecentUsage(t *testing.T) {
 	const epoch = 10 * time.Second
 	for name, c := range clients(t) {
