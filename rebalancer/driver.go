@@ -174,7 +174,11 @@ type DriverConfig struct {
 	// own demand for the asked keys, writes the shares the Core lowered
 	// and only then publishes the give (dropped when the write fails); on
 	// a give to this region it writes the raised shares (no report until
-	// they are written, as for a decision). Default: none (epochs only).
+	// they are written, as for a decision). Asks and gives are published
+	// in the background, at most MaxTransferPublishes at once, each within
+	// IOTimeout (a far broker's acknowledgement can take longer than a
+	// pressure interval; the epoch loop never waits for it). Default: none
+	// (epochs only).
 	Pressure  PressureSource
 	Transfers TransferBus
 	// PressureInterval is how often the pressure marks are read. Default
@@ -414,7 +418,11 @@ func (d *Driver) Run(ctx context.Context) error {
 			d.apply(r)
 		case m := <-tr.in:
 			stop()
-			d.applyTransfer(ctx, m)
+			d.applyTransfer(ctx, &tr, m)
+		case p := <-tr.sent:
+			stop()
+			tr.inflight--
+			d.transferPublished(p)
 		case <-tr.wake:
 			stop()
 			tr.woken(d.clock.Now(), d.pressureGap())

@@ -160,13 +160,82 @@ type transferIn struct {
 	give *Give
 }
 
+// MaxTransferPublishes is how many asks and gives a driver publishes at
+// once. Publications run in the background (a produce round trip to a far
+// broker can take longer than a pressure interval, and the epoch loop must
+// not wait for it); one more while this many are in flight is not
+// published: an ask is asked again after AskInterval, a give's amount is
+// unused until the next decision (as when its publication fails).
+const MaxTransferPublishes = 4
+
 // transferLoop is the Run loop's transfer state; the zero value (in is nil)
-// means no transfers.
+// means no transfers. Only the Run loop's goroutine touches it.
 type transferLoop struct {
-	in   chan transferIn
-	wake chan struct{} // a PressureWaker woke the loop (nil: no waker)
-	next time.Time     // the next pressure read
-	last time.Time     // the last pressure read (zero: none yet)
+	in       chan transferIn
+	wake     chan struct{}        // a PressureWaker woke the loop (nil: no waker)
+	sent     chan transferPublish // publications that ended
+	inflight int                  // publications started and not yet in sent
+	ctx      context.Context      // Run's: ends the publications
+	wg       *sync.WaitGroup      // Run's: waits for the publications
+	next     time.Time            // the next pressure read
+	last     time.Time            // the last pressure read (zero: none yet)
+}
+
+// transferPublish is one ask or give (exactly one is set) being
+// published, with what to report once it ended.
+type transferPublish struct {
+	ask  *Ask
+	give *Give
+	info TransferInfo // AskSent or GiveSent
+	err  error        // the publication's
+}
+
+// errPublishesBusy: MaxTransferPublishes publications were in flight.
+var errPublishesBusy = fmt.Errorf("%d publications in flight", MaxTransferPublishes)
+
+// publish starts publishing p in the background, within IOTimeout; the
+// Run loop gets it back on tr.sent once it ended (transferPublished). When
+// MaxTransferPublishes are in flight it publishes nothing and reports p
+// at once with errPublishesBusy.
+func (d *Driver) publish(tr *transferLoop, p transferPublish) {
+	if tr.inflight >= MaxTransferPublishes {
+		p.err = errPublishesBusy
+		d.transferPublished(p)
+		return
+	}
+	tr.inflight++
+	ctx, sent, timeout, bus := tr.ctx, tr.sent, d.cfg.IOTimeout, d.cfg.Transfers
+	tr.wg.Go(func() {
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		if p.ask != nil {
+			p.err = bus.PublishAsk(pctx, p.ask)
+		} else {
+			p.err = bus.PublishGive(pctx, p.give)
+		}
+		cancel()
+		select {
+		case sent <- p: // never blocks: sent holds MaxTransferPublishes
+		case <-ctx.Done():
+		}
+	})
+}
+
+// transferPublished logs and reports a publication that ended.
+func (d *Driver) transferPublished(p transferPublish) {
+	info := p.info
+	switch {
+	case p.ask != nil && p.err != nil:
+		info.Err = fmt.Errorf("rebalancer: publish ask (%d keys): %w", len(p.ask.Keys), p.err)
+		d.log.Warn("rebalancer: ask not published; asked again after AskInterval", "err", info.Err)
+	case p.ask != nil:
+		d.log.Debug("rebalancer: ask published", "epoch", p.ask.Epoch, "keys", len(p.ask.Keys), "need_milli", p.ask.Keys[0].Need.RateMilli)
+	case p.err != nil:
+		info.Reason, info.Err = ReasonPublish, fmt.Errorf("rebalancer: give %d to %s not published (its amount is unused until the next decision): %w", p.give.ID, p.give.To, p.err)
+		d.log.Warn("rebalancer: give not published", "err", info.Err)
+	default:
+		d.log.Debug("rebalancer: give published", "to", p.give.To, "id", p.give.ID, "transfer_epoch", p.give.Transfer, "keys", len(p.give.Keys), "rate_milli", info.Amount.RateMilli)
+	}
+	d.observeTransfer(info)
 }
 
 // due reports whether a pressure read is due at now.
@@ -199,7 +268,10 @@ func (d *Driver) startTransfers(ctx context.Context, wg *sync.WaitGroup) transfe
 	if d.cfg.Transfers == nil || d.cfg.Pressure == nil {
 		return transferLoop{}
 	}
-	tr := transferLoop{in: make(chan transferIn, 64), next: d.clock.Now().Add(d.cfg.PressureInterval)}
+	tr := transferLoop{
+		in: make(chan transferIn, 64), sent: make(chan transferPublish, MaxTransferPublishes),
+		ctx: ctx, wg: wg, next: d.clock.Now().Add(d.cfg.PressureInterval),
+	}
 	d.setStatus(func(s *Status) { s.Transfers.Enabled = true })
 	wg.Go(func() {
 		for {
@@ -263,8 +335,9 @@ func (d *Driver) sleep(ctx context.Context, dt time.Duration) bool {
 	}
 }
 
-// transferTimeout bounds one transfer I/O call: a transfer is worth
-// something for about a pressure interval.
+// transferTimeout bounds one read of the pressure marks or of this
+// region's demand (the region's own Redis): a transfer is worth something
+// for about a pressure interval. Publications take IOTimeout (publish).
 func (d *Driver) transferTimeout() time.Duration {
 	return min(d.cfg.IOTimeout, max(d.cfg.PressureInterval, 500*time.Millisecond))
 }
@@ -303,8 +376,8 @@ func (d *Driver) observeTransfer(info TransferInfo) {
 
 // pressure reads the pressure marks, passes them to the Core (a failed
 // read passes nothing: the keys stay under pressure for two AskIntervals)
-// and publishes its ask. The next read is an interval later (or sooner,
-// when woken).
+// and publishes its ask (in the background: see publish). The next read
+// is an interval later (or sooner, when woken).
 func (d *Driver) pressure(ctx context.Context, now time.Time, tr *transferLoop) {
 	tr.last, tr.next = now, now.Add(d.cfg.PressureInterval)
 	pctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
@@ -324,33 +397,25 @@ func (d *Driver) pressure(ctx context.Context, now time.Time, tr *transferLoop) 
 		d.log.Debug("rebalancer: pressure read", "keys", len(ps), "asked", askLen(ask))
 	}
 	if ask != nil && len(ask.Keys) > 0 {
-		pctx, cancel = context.WithTimeout(ctx, d.transferTimeout())
-		err = d.cfg.Transfers.PublishAsk(pctx, ask)
-		cancel()
-		if err != nil {
-			err = fmt.Errorf("rebalancer: publish ask (%d keys): %w", len(ask.Keys), err)
-			d.log.Warn("rebalancer: ask not published; asked again after AskInterval", "err", err)
-		} else {
-			d.log.Debug("rebalancer: ask published", "epoch", ask.Epoch, "keys", len(ask.Keys), "need_milli", ask.Keys[0].Need.RateMilli)
-		}
-		d.observeTransfer(TransferInfo{Kind: AskSent, Keys: len(ask.Keys), Err: err})
+		d.publish(tr, transferPublish{ask: ask, info: TransferInfo{Kind: AskSent, Keys: len(ask.Keys)}})
 	}
 }
 
 // applyTransfer handles one message of the transfer bus.
-func (d *Driver) applyTransfer(ctx context.Context, m transferIn) {
+func (d *Driver) applyTransfer(ctx context.Context, tr *transferLoop, m transferIn) {
 	region := d.core.Config().Region
 	switch {
 	case m.ask != nil && m.ask.Region != region:
-		d.answerAsk(ctx, m.ask)
+		d.answerAsk(ctx, tr, m.ask)
 	case m.give != nil && m.give.To == region:
 		d.acceptGive(ctx, m.give)
 	}
 }
 
 // answerAsk reads this region's demand for the asked keys, lets the Core
-// answer, writes the lowered shares and only then publishes the give.
-func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
+// answer, writes the lowered shares and only then publishes the give (in
+// the background: see publish).
+func (d *Driver) answerAsk(ctx context.Context, tr *transferLoop, ask *Ask) {
 	keys := make([]Key, len(ask.Keys))
 	for i, k := range ask.Keys {
 		keys[i] = k.Key
@@ -397,16 +462,7 @@ func (d *Driver) answerAsk(ctx context.Context, ask *Ask) {
 		d.observeTransfer(gi)
 		return
 	}
-	pctx, cancel := context.WithTimeout(ctx, d.transferTimeout())
-	err = d.cfg.Transfers.PublishGive(pctx, give)
-	cancel()
-	if err != nil {
-		gi.Reason, gi.Err = ReasonPublish, fmt.Errorf("rebalancer: give %d to %s not published (its amount is unused until the next decision): %w", give.ID, give.To, err)
-		d.log.Warn("rebalancer: give not published", "err", gi.Err)
-	} else {
-		d.log.Debug("rebalancer: give published", "to", give.To, "id", give.ID, "transfer_epoch", give.Transfer, "keys", len(give.Keys), "rate_milli", gi.Amount.RateMilli)
-	}
-	d.observeTransfer(gi)
+	d.publish(tr, transferPublish{give: give, info: gi})
 }
 
 // acceptGive lets the Core apply a give to this region and writes the

@@ -3,6 +3,7 @@ package rebalancer
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -30,6 +31,24 @@ type memTransfers struct {
 	mu    sync.Mutex
 	gives []*Give // published by this region
 	fail  bool    // publications fail
+	// delay is how long each publication waits for its acknowledgement
+	// (a far broker); one whose context ends first fails with its error.
+	delay time.Duration
+}
+
+// ack waits m.delay, or fails with ctx's error when it ends first.
+func (m *memTransfers) ack(ctx context.Context) error {
+	if m.delay <= 0 {
+		return nil
+	}
+	t := time.NewTimer(m.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (m *memTransfers) send(in transferIn) {
@@ -38,13 +57,19 @@ func (m *memTransfers) send(in transferIn) {
 	}
 }
 
-func (m *memTransfers) PublishAsk(_ context.Context, a *Ask) error {
+func (m *memTransfers) PublishAsk(ctx context.Context, a *Ask) error {
+	if err := m.ack(ctx); err != nil {
+		return err
+	}
 	c := *a
 	m.send(transferIn{ask: &c})
 	return nil
 }
 
-func (m *memTransfers) PublishGive(_ context.Context, g *Give) error {
+func (m *memTransfers) PublishGive(ctx context.Context, g *Give) error {
+	if err := m.ack(ctx); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fail {
@@ -119,6 +144,19 @@ func (l *transferLog) Transferred(t TransferInfo) {
 	l.tmu.Lock()
 	defer l.tmu.Unlock()
 	l.infos = append(l.infos, t)
+}
+
+// failed counts the transfers of kind that reported an error.
+func (l *transferLog) failed(kind TransferKind) int {
+	l.tmu.Lock()
+	defer l.tmu.Unlock()
+	n := 0
+	for _, t := range l.infos {
+		if t.Kind == kind && t.Err != nil {
+			n++
+		}
+	}
+	return n
 }
 
 func (l *transferLog) count(kind TransferKind, reason string) int {
@@ -221,6 +259,71 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 		assert.Positive(t, logs["us"].count(GiveReceived, ""), "us accepted gives")
 		t.Logf("eu: %d gives published, %d dropped for the write, %d not published; %d sum checks",
 			all["eu"].published(), logs["eu"].count(GiveSent, ReasonWrite), logs["eu"].count(GiveSent, ReasonPublish), w.checks)
+		cancel()
+		synctest.Wait()
+	})
+}
+
+// TestDriverSlowTransferBus: every ask and give takes 1 s to be
+// acknowledged (a far broker: twice the 500 ms bound publications had,
+// within IOTimeout, Epoch/2), as in the deployed
+// abrupt-shift-late-reports run, where no ask got through. They are still published (in the background), the asker grows
+// within the epoch of the shift, and the epoch loop collects every epoch
+// on time meanwhile.
+func TestDriverSlowTransferBus(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const epoch = 4 * time.Second
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us"}, lim, keys)
+		busyFrom := int64(math.MaxInt64) // the epoch from which us has the demand
+		w.demand = func(region string, e int64, _ Key) int64 {
+			if (e >= busyFrom) == (region == "us") {
+				return 4000 // 1000/s
+			}
+			return 0
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		all := map[string]*memTransfers{}
+		logs := map[string]*transferLog{}
+		drivers := map[string]*Driver{}
+		for _, name := range w.regions {
+			all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: all, delay: time.Second}
+		}
+		for _, name := range w.regions {
+			cfg := driverTestConfig()
+			cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, w.regions, epoch, time.Second
+			core, err := New(cfg, PolicyMap{"p": lim})
+			require.NoError(t, err)
+			logs[name] = &transferLog{}
+			d, err := NewDriver(core, DriverConfig{
+				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
+				Observer: logs[name], Pressure: &fakePressure{w: w, region: name, epoch: epoch}, Transfers: all[name],
+				PressureInterval: 200 * time.Millisecond,
+			})
+			require.NoError(t, err)
+			drivers[name] = d
+			go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
+		}
+		w.watch(12*epoch, keys[0])
+		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L")
+
+		m := EpochOf(time.Now(), epoch) + 1
+		time.Sleep(time.Until(EpochStart(m, epoch).Add(100 * time.Millisecond)))
+		w.mu.Lock()
+		busyFrom = m
+		w.mu.Unlock()
+		w.watch(epoch-500*time.Millisecond, keys[0])
+		assert.Greater(t, w.enforced("us", keys[0]).RateMilli, lim.RateMilli*9/10, "us holds most of L within the epoch")
+		assert.Positive(t, logs["us"].count(GiveReceived, ""), "us accepted gives")
+		assert.Positive(t, all["eu"].published(), "eu published gives")
+		assert.Zero(t, logs["eu"].failed(GiveSent), "no give failed")
+		for name, d := range drivers {
+			// Collected at CollectDelay after each epoch ended: the last
+			// one ended 3.4 s ago.
+			assert.Equal(t, EpochOf(time.Now(), epoch)-1, d.Status().LastEpoch, "%s collected the last epoch on time", name)
+		}
+		t.Logf("us: %d asks sent (%d failed); eu: %d gives published", logs["us"].count(AskSent, ""), logs["us"].failed(AskSent), all["eu"].published())
 		cancel()
 		synctest.Wait()
 	})
