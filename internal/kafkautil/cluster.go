@@ -43,6 +43,16 @@ type Config struct {
 	// create topics) when the caller's context has no earlier deadline.
 	// Default 10 s.
 	RequestTimeout time.Duration
+	// IdleTimeout is how long the shared Transport keeps an unused
+	// connection open. kafka-go gives each request a connection of its own
+	// and opens another (dial, then an ApiVersions round trip) when all are
+	// busy, so after a burst of concurrent requests its 30 s default leaves
+	// the next burst to pay a round trip more per connection: to a far
+	// broker, a give that arrives after the asker's next collection and is
+	// refused. Default 4 min: under the brokers' connections.max.idle.ms
+	// (10 min) and the 350 s idle limit of common NAT gateways and load
+	// balancers.
+	IdleTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults for the given brokers.
@@ -53,6 +63,7 @@ func DefaultConfig(brokers ...string) Config {
 		DialTimeout:    5 * time.Second,
 		MetadataTTL:    time.Second,
 		RequestTimeout: 10 * time.Second,
+		IdleTimeout:    4 * time.Minute,
 	}
 }
 
@@ -78,6 +89,7 @@ func (c *Config) Validate() error {
 		{"dial timeout", &c.DialTimeout, d.DialTimeout},
 		{"metadata TTL", &c.MetadataTTL, d.MetadataTTL},
 		{"request timeout", &c.RequestTimeout, d.RequestTimeout},
+		{"idle timeout", &c.IdleTimeout, d.IdleTimeout},
 	} {
 		if *f.v < 0 {
 			return fmt.Errorf("%w: %s %v: must not be negative", ErrConfig, f.name, *f.v)
@@ -111,6 +123,7 @@ func New(cfg Config) (*Cluster, error) {
 	t := &kafka.Transport{
 		DialTimeout: cfg.DialTimeout,
 		MetadataTTL: cfg.MetadataTTL,
+		IdleTimeout: cfg.IdleTimeout,
 		ClientID:    cfg.ClientID,
 		TLS:         cfg.TLS,
 		SASL:        cfg.SASL,

@@ -130,6 +130,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	cfg.DialTimeout = -time.Second
 	_, err = kafkautil.New(cfg)
 	assert.ErrorContains(t, err, "dial timeout")
+	cfg = kafkautil.DefaultConfig("127.0.0.1:9092")
+	cfg.IdleTimeout = -time.Second
+	_, err = kafkautil.New(cfg)
+	assert.ErrorContains(t, err, "idle timeout")
 
 	cl, err := kafkautil.New(kafkautil.DefaultConfig("127.0.0.1:9092"))
 	require.NoError(t, err)
