@@ -451,6 +451,12 @@
 // replica's transfer writes must respect its write deadline like its
 // other writes.
 //
+// The Driver publishes asks and gives in the background (at most
+// MaxTransferPublishes at once, each within DriverConfig.IOTimeout), so a
+// far broker's acknowledgement delays no collection or decision; a give
+// still leaves only once its lowered shares are written, and one that
+// arrives late is refused as above.
+//
 // The property tests (TestTransfersSafetyUnderChaos) check the enforced
 // sum after every write with asks and gives lost, duplicated, delayed
 // across periods, reordered, misrouted and cut by partitions (on their own
