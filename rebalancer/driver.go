@@ -55,7 +55,10 @@ var ErrFenced = errors.New("rebalancer: epoch claimed by another replica")
 // from the driver's goroutine, one at a time; they must not block and must
 // not keep the values' slices.
 type Observer interface {
-	// Collected is called after each collection (and publication).
+	// Collected is called after each collection, once its report's
+	// publication ended (the report is published in the background, so
+	// decisions, reports received and transfers may be observed in
+	// between; always before the next collection's).
 	Collected(CollectInfo)
 	// Decided is called after each decision, once its updates were
 	// written or failed to be.
@@ -218,7 +221,11 @@ type Status struct {
 // driver publishes no report (the report would claim shares the store does
 // not hold), so the other regions hold, and after SilenceEpochs assume
 // this region at the default. A publication that fails is logged; the
-// others see an incomplete view and do not grow.
+// others see an incomplete view and do not grow. Reports, asks and gives
+// are published in the background within IOTimeout (the loop goes on
+// meanwhile: a far broker's acknowledgement holds no pressure read,
+// transfer or decision); a collection waits for the previous report's
+// publication to end first.
 type Driver struct {
 	core  *Core
 	cfg   DriverConfig
@@ -238,8 +245,28 @@ type Driver struct {
 	adopt     bool
 	readAt    time.Time
 
+	// The report being published in the background (see publishReport);
+	// only Run's goroutine touches these.
+	report reportPub
+
 	mu     sync.Mutex
 	status Status
+}
+
+// reportPub is a Driver's background report publication: one at a time.
+type reportPub struct {
+	ctx  context.Context
+	wg   *sync.WaitGroup
+	done chan reportDone // holds one: the goroutine never blocks
+	busy bool            // published, not yet received from done
+}
+
+// reportDone is a report publication that ended.
+type reportDone struct {
+	epoch int64
+	info  CollectInfo // the collection's, to observe once published
+	start time.Time   // when the flush before it started
+	err   error
 }
 
 // NewDriver returns a driver of core. It does no I/O.
@@ -360,6 +387,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		d.receive(ctx, reports)
 	}()
 	tr := d.startTransfers(ctx, &wg)
+	d.report = reportPub{ctx: ctx, wg: &wg, done: make(chan reportDone, 1)}
 	defer wg.Wait()
 	defer cancel()
 
@@ -423,6 +451,9 @@ func (d *Driver) Run(ctx context.Context) error {
 			stop()
 			tr.inflight--
 			d.transferPublished(p)
+		case r := <-d.report.done:
+			stop()
+			d.reportPublished(r)
 		case <-tr.wake:
 			stop()
 			tr.woken(d.clock.Now(), d.pressureGap())
@@ -515,6 +546,11 @@ func (d *Driver) apply(r *Report) {
 // another replica claimed m, another error when the claim failed (nothing
 // was done), nil otherwise.
 func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
+	// The last report's publication ends first: the Core must know
+	// whether it was published before it builds the next (delta.go).
+	if d.awaitReport(ctx) {
+		now = d.clock.Now()
+	}
 	if d.cfg.Fence != nil {
 		if d.adopt {
 			// Before claiming: if the previous replica claims m meanwhile,
@@ -588,25 +624,68 @@ func (d *Driver) collect(ctx context.Context, m int64, now time.Time) error {
 		info.ReportKeys, info.ReportBase = len(pub.Report.Keys), pub.Report.Base
 		if err := d.flush(ctx); err != nil {
 			info.PublishErr = fmt.Errorf("rebalancer: report of epoch %d not published: share updates unwritten: %w", m, err)
-		} else {
-			pctx, cancel := context.WithTimeout(ctx, d.cfg.IOTimeout)
-			err := d.cfg.Bus.Publish(pctx, pub.Report)
-			cancel()
-			if err != nil {
-				info.PublishErr = fmt.Errorf("rebalancer: publish report of epoch %d: %w", m, err)
-			} else {
-				info.Published = true
-				d.setStatus(func(s *Status) { s.LastPublish = d.clock.Now() })
-			}
-		}
-		if info.PublishErr != nil {
 			d.core.NotPublished(m) // the next report is full (delta.go)
 			d.log.Warn("rebalancer: report not published", "epoch", m, "err", info.PublishErr)
+			info.Publish = d.clock.Now().Sub(t0)
+		} else {
+			d.publishReport(m, pub.Report, info, t0)
+			return nil // observed once published (reportPublished)
 		}
-		info.Publish = d.clock.Now().Sub(t0)
 	}
 	d.observeCollect(info)
 	return nil
+}
+
+// publishReport publishes the report of epoch m in the background, within
+// IOTimeout: the pressure reads, asks, gives and decisions go on while a
+// far broker acknowledges it (the Core does not wait for its own report
+// either: see the package doc). Run gets the result on d.report.done
+// (reportPublished), and the next collection waits for it first.
+func (d *Driver) publishReport(m int64, r *Report, info CollectInfo, t0 time.Time) {
+	rp := &d.report
+	rp.busy = true
+	ctx, done, timeout, bus := rp.ctx, rp.done, d.cfg.IOTimeout, d.cfg.Bus
+	rp.wg.Go(func() {
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		err := bus.Publish(pctx, r)
+		cancel()
+		select {
+		case done <- reportDone{epoch: m, info: info, start: t0, err: err}: // one at a time: room for it
+		case <-ctx.Done(): // Run is ending (or left one unread: see awaitReport)
+		}
+	})
+}
+
+// awaitReport waits for the report publication in flight, if any, and
+// handles it; true when there was one. It returns early only when ctx
+// ends (the publication's context ends with it).
+func (d *Driver) awaitReport(ctx context.Context) bool {
+	if !d.report.busy {
+		return false
+	}
+	select {
+	case r := <-d.report.done:
+		d.reportPublished(r)
+	case <-ctx.Done():
+	}
+	return true
+}
+
+// reportPublished records a report publication that ended and observes
+// its collection.
+func (d *Driver) reportPublished(r reportDone) {
+	d.report.busy = false
+	info := r.info
+	if r.err != nil {
+		info.PublishErr = fmt.Errorf("rebalancer: publish report of epoch %d: %w", r.epoch, r.err)
+		d.core.NotPublished(r.epoch) // the next report is full (delta.go)
+		d.log.Warn("rebalancer: report not published", "epoch", r.epoch, "err", info.PublishErr)
+	} else {
+		info.Published = true
+		d.setStatus(func(s *Status) { s.LastPublish = d.clock.Now() })
+	}
+	info.Publish = d.clock.Now().Sub(r.start)
+	d.observeCollect(info)
 }
 
 func (d *Driver) observeCollect(info CollectInfo) {

@@ -43,6 +43,7 @@ type world struct {
 	loss, dup              float64
 	maxDelay               time.Duration
 	minDelay               time.Duration // added to every delivery's delay
+	ackDelay               time.Duration // a report's publication returns after it (set before the drivers run)
 	ports                  map[string]*chaosPort
 	writeFail              map[string]bool
 	demand                 func(region string, epoch int64, k Key) int64
@@ -105,7 +106,23 @@ func cloneReport(r *Report) *Report {
 	return &c
 }
 
-func (p *chaosPort) Publish(_ context.Context, r *Report) error {
+func (p *chaosPort) Publish(ctx context.Context, r *Report) error {
+	p.deliver(r)
+	if p.w.ackDelay <= 0 {
+		return nil
+	}
+	// Delivered, then acknowledged (or not, when ctx ends first).
+	t := time.NewTimer(p.w.ackDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *chaosPort) deliver(r *Report) {
 	w := p.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -140,7 +157,6 @@ func (p *chaosPort) Publish(_ context.Context, r *Report) error {
 			})
 		}
 	}
-	return nil
 }
 
 func (p *chaosPort) Receive(ctx context.Context) (*Report, error) {

@@ -264,18 +264,20 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 	})
 }
 
-// TestDriverSlowTransferBus: every ask and give takes 1 s to be
-// acknowledged (a far broker: twice the 500 ms bound publications had,
-// within IOTimeout, Epoch/2), as in the deployed
-// abrupt-shift-late-reports run, where no ask got through. They are still published (in the background), the asker grows
-// within the epoch of the shift, and the epoch loop collects every epoch
-// on time meanwhile.
+// TestDriverSlowTransferBus: every ask, give and report takes 1 s to be
+// acknowledged (a far broker: twice the 500 ms bound transfer
+// publications had, within IOTimeout, Epoch/2), as in the deployed
+// abrupt-shift-late-reports run, where no ask got through and each
+// report's publication held the pressure reads. They are still published
+// (in the background), the asker grows within the epoch of the shift, and
+// the epoch loop collects every epoch on time meanwhile.
 func TestDriverSlowTransferBus(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const epoch = 4 * time.Second
 		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
 		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
 		w := newWorld(t, []string{"eu", "us"}, lim, keys)
+		w.ackDelay = time.Second
 		busyFrom := int64(math.MaxInt64) // the epoch from which us has the demand
 		w.demand = func(region string, e int64, _ Key) int64 {
 			if (e >= busyFrom) == (region == "us") {
@@ -287,6 +289,7 @@ func TestDriverSlowTransferBus(t *testing.T) {
 		all := map[string]*memTransfers{}
 		logs := map[string]*transferLog{}
 		drivers := map[string]*Driver{}
+		pressure := map[string]*wakingPressure{}
 		for _, name := range w.regions {
 			all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: all, delay: time.Second}
 		}
@@ -296,9 +299,11 @@ func TestDriverSlowTransferBus(t *testing.T) {
 			core, err := New(cfg, PolicyMap{"p": lim})
 			require.NoError(t, err)
 			logs[name] = &transferLog{}
+			// Never woken: it records the reads, one every PressureInterval.
+			pressure[name] = &wakingPressure{fakePressure: &fakePressure{w: w, region: name, epoch: epoch}, wake: make(chan struct{})}
 			d, err := NewDriver(core, DriverConfig{
 				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
-				Observer: logs[name], Pressure: &fakePressure{w: w, region: name, epoch: epoch}, Transfers: all[name],
+				Observer: logs[name], Pressure: pressure[name], Transfers: all[name],
 				PressureInterval: 200 * time.Millisecond,
 			})
 			require.NoError(t, err)
@@ -318,10 +323,21 @@ func TestDriverSlowTransferBus(t *testing.T) {
 		assert.Positive(t, logs["us"].count(GiveReceived, ""), "us accepted gives")
 		assert.Positive(t, all["eu"].published(), "eu published gives")
 		assert.Zero(t, logs["eu"].failed(GiveSent), "no give failed")
+		for name, p := range pressure {
+			// No collection, report or give held a pressure read.
+			reads := p.readsSince(time.Now().Add(-3 * epoch))
+			gap := time.Duration(0)
+			for i := 1; i < len(reads); i++ {
+				gap = max(gap, reads[i]-reads[i-1])
+			}
+			assert.LessOrEqual(t, gap, 250*time.Millisecond, "%s: longest time between pressure reads", name)
+		}
 		for name, d := range drivers {
 			// Collected at CollectDelay after each epoch ended: the last
 			// one ended 3.4 s ago.
-			assert.Equal(t, EpochOf(time.Now(), epoch)-1, d.Status().LastEpoch, "%s collected the last epoch on time", name)
+			st := d.Status()
+			assert.Equal(t, EpochOf(time.Now(), epoch)-1, st.LastEpoch, "%s collected the last epoch on time", name)
+			assert.Equal(t, st.LastCollect.Add(time.Second), st.LastPublish, "%s published its report, acknowledged after 1 s", name)
 		}
 		t.Logf("us: %d asks sent (%d failed); eu: %d gives published", logs["us"].count(AskSent, ""), logs["us"].failed(AskSent), all["eu"].published())
 		cancel()
