@@ -108,11 +108,16 @@ func cloneReport(r *Report) *Report {
 
 func (p *chaosPort) Publish(ctx context.Context, r *Report) error {
 	p.deliver(r)
-	if p.w.ackDelay <= 0 {
+	return awaitAck(ctx, p.w.ackDelay) // delivered, then acknowledged
+}
+
+// awaitAck waits d (a publication's acknowledgement), or fails with ctx's
+// error when it ends first.
+func awaitAck(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
 		return nil
 	}
-	// Delivered, then acknowledged (or not, when ctx ends first).
-	t := time.NewTimer(p.w.ackDelay)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

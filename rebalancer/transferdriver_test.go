@@ -37,19 +37,7 @@ type memTransfers struct {
 }
 
 // ack waits m.delay, or fails with ctx's error when it ends first.
-func (m *memTransfers) ack(ctx context.Context) error {
-	if m.delay <= 0 {
-		return nil
-	}
-	t := time.NewTimer(m.delay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (m *memTransfers) ack(ctx context.Context) error { return awaitAck(ctx, m.delay) }
 
 func (m *memTransfers) send(in transferIn) {
 	for _, p := range m.all {
@@ -171,6 +159,38 @@ func (l *transferLog) count(kind TransferKind, reason string) int {
 	return n
 }
 
+// transferRig is two or more Drivers with transfers over memTransfers
+// (each publication acknowledged after delay), 4 s epochs, MaxWait 1 s,
+// pressure read every 200 ms from pressure(region).
+type transferRig struct {
+	all     map[string]*memTransfers
+	logs    map[string]*transferLog
+	drivers map[string]*Driver
+}
+
+func startTransferRig(t *testing.T, ctx context.Context, w *world, epoch, delay time.Duration, pressure func(region string) PressureSource) transferRig {
+	rig := transferRig{all: map[string]*memTransfers{}, logs: map[string]*transferLog{}, drivers: map[string]*Driver{}}
+	for _, name := range w.regions {
+		rig.all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: rig.all, delay: delay}
+	}
+	for _, name := range w.regions {
+		cfg := driverTestConfig()
+		cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, w.regions, epoch, time.Second
+		core, err := New(cfg, PolicyMap{"p": w.lim})
+		require.NoError(t, err)
+		rig.logs[name] = &transferLog{}
+		d, err := NewDriver(core, DriverConfig{
+			Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
+			Observer: rig.logs[name], Pressure: pressure(name), Transfers: rig.all[name],
+			PressureInterval: 200 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		rig.drivers[name] = d
+		go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
+	}
+	return rig
+}
+
 // TestDriverGiveWaitsForItsWrite: a giver whose share writes fail
 // publishes no give (the lowered shares are not enforced yet), and a give
 // that cannot be published is counted and never reaches the asker; once both work,
@@ -195,25 +215,10 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 		}
 		w.demand = busy("eu", "eu", 0)
 		ctx, cancel := context.WithCancel(t.Context())
-		all := map[string]*memTransfers{}
-		logs := map[string]*transferLog{}
-		for _, name := range w.regions {
-			all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: all}
-		}
-		for _, name := range w.regions {
-			cfg := driverTestConfig()
-			cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, w.regions, epoch, time.Second
-			core, err := New(cfg, PolicyMap{"p": lim})
-			require.NoError(t, err)
-			logs[name] = &transferLog{}
-			d, err := NewDriver(core, DriverConfig{
-				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
-				Observer: logs[name], Pressure: &fakePressure{w: w, region: name, epoch: epoch}, Transfers: all[name],
-				PressureInterval: 200 * time.Millisecond,
-			})
-			require.NoError(t, err)
-			go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
-		}
+		rig := startTransferRig(t, ctx, w, epoch, 0, func(name string) PressureSource {
+			return &fakePressure{w: w, region: name, epoch: epoch}
+		})
+		all, logs := rig.all, rig.logs
 		// shift moves the demand to region at 100 ms into the next epoch
 		// (that epoch's usage is at's), with mutate applied first.
 		where := "eu"
@@ -286,30 +291,13 @@ func TestDriverSlowTransferBus(t *testing.T) {
 			return 0
 		}
 		ctx, cancel := context.WithCancel(t.Context())
-		all := map[string]*memTransfers{}
-		logs := map[string]*transferLog{}
-		drivers := map[string]*Driver{}
 		pressure := map[string]*wakingPressure{}
 		for _, name := range w.regions {
-			all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: all, delay: time.Second}
-		}
-		for _, name := range w.regions {
-			cfg := driverTestConfig()
-			cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, w.regions, epoch, time.Second
-			core, err := New(cfg, PolicyMap{"p": lim})
-			require.NoError(t, err)
-			logs[name] = &transferLog{}
 			// Never woken: it records the reads, one every PressureInterval.
 			pressure[name] = &wakingPressure{fakePressure: &fakePressure{w: w, region: name, epoch: epoch}, wake: make(chan struct{})}
-			d, err := NewDriver(core, DriverConfig{
-				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
-				Observer: logs[name], Pressure: pressure[name], Transfers: all[name],
-				PressureInterval: 200 * time.Millisecond,
-			})
-			require.NoError(t, err)
-			drivers[name] = d
-			go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
 		}
+		rig := startTransferRig(t, ctx, w, epoch, time.Second, func(name string) PressureSource { return pressure[name] })
+		all, logs, drivers := rig.all, rig.logs, rig.drivers
 		w.watch(12*epoch, keys[0])
 		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L")
 
