@@ -210,29 +210,36 @@ func askSpacing(interval time.Duration) time.Duration {
 }
 
 // askNoise is the margin, in milli per second, that a demand rate seen
-// over one second (the pressure window) must exceed a share by before it
-// is asked for: three standard deviations of a Poisson count of that many
-// cost units, 3*sqrt(units) units. (Tuned once on the simulator's suite:
-// with two, keys of a few requests per second per region asked on noise
-// and zipf-many-keys lost 2 points; a giver keeps only the headroom above
-// its demand and, on a first ask, giveNoise: a margin of deviations there
-// left flash-crowd's and follow-the-sun's asks unanswered.)
-func askNoise(demandMilli int64) int64 {
-	return 3 * int64(math.Sqrt(float64(demandMilli)*1000))
+// over window (the pressure window: Config.AskInterval, the gateways'
+// usage flush interval, 1 s by default) must exceed a share by before it
+// is asked for: three standard deviations of a Poisson count of the cost
+// units that rate brings in one window, 3*sqrt(rate*window) units, as a
+// rate: 3*sqrt(rate/window), so 3*sqrt(units) per second over one second.
+// (Tuned once on the simulator's suite: with two, keys of a few requests
+// per second per region asked on noise and zipf-many-keys lost 2 points; a
+// giver keeps only the headroom above its demand and, on a first ask,
+// giveNoise: a margin of deviations there left flash-crowd's and
+// follow-the-sun's asks unanswered.) The margin follows the window, not a
+// fixed second, because the count is what is noisy: deployed mode's
+// time-compressed runs measure over a fifth of a second, and with the
+// one-second margin their asks fired on noise that virtual time's did not.
+func askNoise(demandMilli int64, window time.Duration) int64 {
+	return 3 * int64(math.Sqrt(float64(demandMilli)*1000/window.Seconds()))
 }
 
 // giveNoise is what a giver keeps above the demand rate it saw over one
-// second (besides the headroom) when it first gives a key to an asker:
-// three requests of the policy's cheapest cost per second (milli per
-// second, cost at least one unit), the rate that a second without a
-// request does not rule out (a Poisson count of 0 has a 5% chance at 3
-// per second). A key of a few requests per second sees whole seconds
-// without one: keeping only the headroom above such a count gave its share
-// away and starved it (coordinator-down at a fifth of its rates: 23.5%
-// under-served). A repeated ask gets the rest, so a region whose traffic
-// has gone gives all of it one ask interval later.
-func giveNoise(costMilli int64) int64 {
-	return 3 * max(costMilli, 1000)
+// window (besides the headroom; window as for askNoise) when it first
+// gives a key to an asker: three requests of the policy's cheapest cost
+// per window (milli per second, cost at least one unit; 3 per second over
+// the default 1 s), the rate that a window without a request does not rule
+// out (a Poisson count of 0 has a 5% chance at 3 per window). A key of a
+// few requests per second sees whole seconds without one: keeping only the
+// headroom above such a count gave its share away and starved it
+// (coordinator-down at a fifth of its rates: 23.5% under-served). A
+// repeated ask gets the rest, so a region whose traffic has gone gives all
+// of it one ask interval later.
+func giveNoise(costMilli int64, window time.Duration) int64 {
+	return int64(float64(3*max(costMilli, 1000)) / window.Seconds())
 }
 
 // pressed returns key's pressure demand (milli per second) when the last
@@ -359,7 +366,7 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 		if st := c.held(p.Key); st != nil && st.known && !(st.synced && !st.record) {
 			share = st.share
 		}
-		lo := max(p.DemandMilli-askNoise(p.DemandMilli), 0)
+		lo := max(p.DemandMilli-askNoise(p.DemandMilli, c.cfg.AskInterval), 0)
 		want := min(shares.MulDiv(lo, c.cfg.Shares.HeadroomPermille, 1000), lim.RateMilli)
 		need := want - share.RateMilli
 		if need < c.threshold(lim) {
@@ -452,7 +459,7 @@ func (c *Core) ReceiveAsk(now time.Time, ask *Ask, own []Pressure) ([]Update, *G
 		// The first give of a run keeps giveNoise above the second's
 		// count; a repeated ask (this asker again within two ask
 		// intervals, and this region's count low again) gets the rest.
-		noise := giveNoise(lim.MinCostMilli)
+		noise := giveNoise(lim.MinCostMilli, c.cfg.AskInterval)
 		if x := c.tr.keys[ak.Key]; x != nil && x.gaveTo == qi && !x.gaveAt.IsZero() && now.Sub(x.gaveAt) <= 2*c.cfg.AskInterval {
 			noise = 0
 		}

@@ -1,6 +1,7 @@
 package rebalancer
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -25,12 +26,21 @@ type tpair struct {
 	m    int64 // the epoch both collected last
 }
 
-func newTransferPair(t *testing.T) *tpair {
+func newTransferPair(t *testing.T) *tpair { return newTransferPairWith(t, nil) }
+
+// newTransferPairWith is newTransferPair with both Configs changed by
+// tune (when not nil).
+func newTransferPairWith(t *testing.T, tune func(*Config)) *tpair {
 	p := &tpair{t: t, m: e0}
+	ca, cb := testConfig("a", "a", "b"), testConfig("b", "a", "b")
+	if tune != nil {
+		tune(&ca)
+		tune(&cb)
+	}
 	var err error
-	p.a, err = New(testConfig("a", "a", "b"), xpol)
+	p.a, err = New(ca, xpol)
 	require.NoError(t, err)
-	p.b, err = New(testConfig("b", "a", "b"), xpol)
+	p.b, err = New(cb, xpol)
 	require.NoError(t, err)
 	for _, c := range []*Core{p.a, p.b} {
 		_, err := c.Adopt(t0, nil)
@@ -502,4 +512,38 @@ func TestGiverKeepsANoiseMarginOnTheFirstAsk(t *testing.T) {
 		require.NotNil(t, askFor(p, now.Add(2*time.Second+time.Millisecond), 80_000, nil))
 		assert.Equal(t, int64(3_000), share(p.a, hot).RateMilli, "past two ask intervals the margin is kept again")
 	})
+}
+
+// The noise margins of asks and gives are Poisson deviations of one
+// pressure window's count (Config.AskInterval), not of a fixed second: a
+// rate measured over a fifth of a second (deployed mode's time-compressed
+// runs) is noisier, so the asker asks for less and the giver keeps more,
+// as virtual time does over its one-second windows. Over 1 s both are the
+// margins tuned on the simulator's suite.
+func TestNoiseMarginsFollowThePressureWindow(t *testing.T) {
+	assert.Equal(t, int64(30_000), askNoise(100_000, time.Second), "3 sqrt(100) requests per second")
+	assert.Equal(t, 3*int64(math.Sqrt(100_000*1000*5)), askNoise(100_000, 200*time.Millisecond))
+	assert.Equal(t, int64(3_000), giveNoise(1000, time.Second), "three requests per second")
+	assert.Equal(t, int64(15_000), giveNoise(1000, 200*time.Millisecond), "three requests per fifth of a second")
+	assert.Equal(t, int64(6_000), giveNoise(2000, time.Second), "of the cheapest cost")
+
+	for _, w := range []time.Duration{time.Second, 200 * time.Millisecond} {
+		t.Run(w.String(), func(t *testing.T) {
+			tune := func(c *Config) { c.AskInterval = w }
+			p := newTransferPairWith(t, tune)
+			const demand = 100_000
+			before := share(p.b, hot).RateMilli
+			ask := p.b.Pressure(p.now(), []Pressure{{Key: hot, DemandMilli: demand}})
+			require.NotNil(t, ask)
+			want := shares.MulDiv(demand-askNoise(demand, w), DefaultConfig().Shares.HeadroomPermille, 1000)
+			assert.Equal(t, want-before, ask.Keys[0].Need.RateMilli, "(demand - three deviations of a window's count) x headroom, less the share")
+
+			p = newTransferPairWith(t, tune)
+			p.a.held(hot).share = shares.Share{RateMilli: 90_000, BurstMilli: 180_000}
+			_, g, err := p.a.ReceiveAsk(p.now(), &Ask{Region: "b", Epoch: p.m, Keys: []AskKey{{Key: hot, Need: shares.Share{RateMilli: 90_000, BurstMilli: 180_000}}}}, nil)
+			require.NoError(t, err)
+			require.NotNil(t, g)
+			assert.Equal(t, giveNoise(1000, w), share(p.a, hot).RateMilli, "a count of zero keeps three requests per window")
+		})
+	}
 }
