@@ -99,10 +99,9 @@ type Config struct {
 	Transfers bool
 	// AskInterval is the time after which a lost ask is asked again
 	// (two asks for the same key are at least half of it apart: see
-	// Core.Pressure), and the span the demand rates of Pressure and of
-	// ReceiveAsk's giver are taken to be measured over: the noise margins
-	// of asks and gives are three Poisson deviations of one such span's
-	// count (askNoise, giveNoise). 0 < AskInterval <= Epoch; default 1 s
+	// Core.Pressure), and the span a giver's demand rate is taken to be
+	// measured over: on a first ask it keeps three requests per
+	// AskInterval above it (giveNoise). 0 < AskInterval <= Epoch; default 1 s
 	// (the gateways' usage flush interval; region sets it from its
 	// PressureInterval).
 	AskInterval time.Duration

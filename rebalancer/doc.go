@@ -374,8 +374,8 @@
 //   - Give{From, To, ID, Transfer = T = the giver's period + 1, Amounts}.
 //     Only for an ask of the giver's own period, not in fallback or
 //     warm-up, for a key the giver's gateways do not reject, with spare =
-//     share - max(demand * headroom, demand + 3 requests/s on the first
-//     ask of a run, floor), never a key it accepted in
+//     share - max(demand * headroom, demand + 3 requests per AskInterval
+//     (the pressure window) on the first ask of a run, floor), never a key it accepted in
 //     the period. The giver LOWERS its share by the amount and the driver
 //     writes that before it publishes the Give (a Give whose write failed
 //     is dropped).

@@ -210,25 +210,27 @@ func askSpacing(interval time.Duration) time.Duration {
 }
 
 // askNoise is the margin, in milli per second, that a demand rate seen
-// over window (the pressure window: Config.AskInterval, the gateways'
-// usage flush interval, 1 s by default) must exceed a share by before it
-// is asked for: three standard deviations of a Poisson count of the cost
-// units that rate brings in one window, 3*sqrt(rate*window) units, as a
-// rate: 3*sqrt(rate/window), so 3*sqrt(units) per second over one second.
-// (Tuned once on the simulator's suite: with two, keys of a few requests
-// per second per region asked on noise and zipf-many-keys lost 2 points; a
-// giver keeps only the headroom above its demand and, on a first ask,
-// giveNoise: a margin of deviations there left flash-crowd's and
-// follow-the-sun's asks unanswered.) The margin follows the window, not a
-// fixed second, because the count is what is noisy: deployed mode's
-// time-compressed runs measure over a fifth of a second, and with the
-// one-second margin their asks fired on noise that virtual time's did not.
-func askNoise(demandMilli int64, window time.Duration) int64 {
-	return 3 * int64(math.Sqrt(float64(demandMilli)*1000/window.Seconds()))
+// over one second must exceed a share by before it is asked for: three
+// standard deviations of a Poisson count of that many cost units,
+// 3*sqrt(units) units. (Tuned once on the simulator's suite: with two,
+// keys of a few requests per second per region asked on noise and
+// zipf-many-keys lost 2 points; a giver keeps only the headroom above its
+// demand and, on a first ask, giveNoise: a margin of deviations there left
+// flash-crowd's and follow-the-sun's asks unanswered.) Unlike giveNoise it
+// stays a margin of one second's count whatever the pressure window:
+// taken over a shorter window (deployed mode's 0.2 s), it made the first
+// asks after a shift, read from part of a window, ask for nothing, and
+// abrupt-shift's shift window lost 3 to 8 points more than virtual time
+// (three runs through the binaries). A smaller margin costs asks on
+// noise, which a giver's margin bounds; it never starves a region.
+func askNoise(demandMilli int64) int64 {
+	return 3 * int64(math.Sqrt(float64(demandMilli)*1000))
 }
 
 // giveNoise is what a giver keeps above the demand rate it saw over one
-// window (besides the headroom; window as for askNoise) when it first
+// window (besides the headroom; window is the pressure window,
+// Config.AskInterval: the gateways' usage flush interval, 1 s by default)
+// when it first
 // gives a key to an asker: three requests of the policy's cheapest cost
 // per window (milli per second, cost at least one unit; 3 per second over
 // the default 1 s), the rate that a window without a request does not rule
@@ -237,7 +239,13 @@ func askNoise(demandMilli int64, window time.Duration) int64 {
 // headroom above such a count gave its share away and starved it
 // (coordinator-down at a fifth of its rates: 23.5% under-served). A
 // repeated ask gets the rest, so a region whose traffic has gone gives all
-// of it one ask interval later.
+// of it one ask interval later. The margin is per window, not per second,
+// because a window without a request is what it guards against: deployed
+// mode's time-compressed runs measure over a fifth of a second, and with
+// three per second their givers kept a fifth of what virtual time's keep,
+// gave a key away on one quiet window and starved it (store-down: a region
+// held at 1.7 of its 6 requests per second for 40 s, 11 points under
+// virtual time).
 func giveNoise(costMilli int64, window time.Duration) int64 {
 	return int64(float64(3*max(costMilli, 1000)) / window.Seconds())
 }
@@ -366,7 +374,7 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 		if st := c.held(p.Key); st != nil && st.known && !(st.synced && !st.record) {
 			share = st.share
 		}
-		lo := max(p.DemandMilli-askNoise(p.DemandMilli, c.cfg.AskInterval), 0)
+		lo := max(p.DemandMilli-askNoise(p.DemandMilli), 0)
 		want := min(shares.MulDiv(lo, c.cfg.Shares.HeadroomPermille, 1000), lim.RateMilli)
 		need := want - share.RateMilli
 		if need < c.threshold(lim) {
