@@ -29,7 +29,7 @@ test: deps
 	# Slowest packages first (scripts/race-packages.sh), three at a time:
 	# the tests wait on real servers and timers more than they compute
 	# (about 1.2 of the 2 cores busy at -p 2).
-	$(GO) test -race -count=1 -p 3 -timeout 45m $$(./scripts/race-packages.sh)
+	pkgs=$$(./scripts/race-packages.sh) && $(GO) test -race -count=1 -p 3 -timeout 45m $$pkgs
 	# The rebalancer's random property tests at full count without the race
 	# detector (a race build plays a fifth of their scenarios).
 	$(GO) test -count=1 -timeout 10m -run '^(TestSafetyUnderChaos|TestOrderAndDuplicatesChangeNothing|TestTransfersSafetyUnderChaos|TestMajorityRule.*)$$' ./rebalancer/
