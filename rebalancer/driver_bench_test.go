@@ -100,12 +100,30 @@ func BenchmarkEpoch100kKeys(b *testing.B) {
 // of the measured epochs only (not the untimed setup) of the last size run.
 // Run with -benchtime 2x and under the machine-wide benchmark lock.
 func BenchmarkEpochScale(b *testing.B) {
+	benchScale(b, 2)
+}
+
+// BenchmarkEpochScaleQuiet is BenchmarkEpochScale in the steady state
+// issue 15's "reports that cost what changed" is for: every key active in
+// every region, each region's demand the same every epoch and below its
+// default share, so no share changes and no record is written; the other
+// regions publish delta reports as Cores do (Config.Deltas): a full report
+// every FullEvery epochs and, between them, deltas that list no key. What
+// is left is what every epoch must do whatever changed: read the usage,
+// Collect, publish this region's delta, receive the others' and Decide,
+// which still visits every key. Same sizes, metrics and QUOTIENT_BENCH_1M
+// gate as BenchmarkEpochScale.
+func BenchmarkEpochScaleQuiet(b *testing.B) {
+	benchScale(b, 0)
+}
+
+func benchScale(b *testing.B, period int) {
 	for _, n := range []int{10_000, 100_000, 1_000_000} {
 		b.Run(fmt.Sprintf("keys=%s", sizeName(n)), func(b *testing.B) {
 			if n >= 1_000_000 && os.Getenv("QUOTIENT_BENCH_1M") != "1" {
 				b.Skip("the million-key epoch takes minutes: set QUOTIENT_BENCH_1M=1 (make bench-scale)")
 			}
-			benchEpoch(b, n, 2)
+			benchEpoch(b, n, period)
 		})
 	}
 }
@@ -121,8 +139,14 @@ func sizeName(n int) string {
 }
 
 // benchEpoch runs the benchmark for nkeys keys; demand cycles with period
-// (1: constant).
+// (1: constant). Period 0 is the quiet steady state of
+// BenchmarkEpochScaleQuiet: every region's demand constant and below its
+// default share, the other regions' reports deltas between full ones.
 func benchEpoch(b *testing.B, nkeys, period int) {
+	quiet := period == 0
+	if quiet {
+		period = 1
+	}
 	epoch := 10 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -210,6 +234,9 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		counts := make([]limiter.UsageCount, 0, chunk)
 		for i, s := range subjects {
 			d := int64(100 + 200*((int(m)+i)%period))
+			if quiet {
+				d = quietDemand // per epoch: 50/s, half the default share
+			}
 			counts = append(counts, limiter.UsageCount{Epoch: m, PolicyID: "g", Subject: s, Demand: d, Admitted: d / 2})
 			if len(counts) == chunk || i == len(subjects)-1 {
 				failed, err := gw.WriteUsage(ctx, counts)
@@ -222,11 +249,28 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		for j, ad := range others {
 			r := &rebalancer.Report{Region: []string{"b", "c"}[j], Epoch: m, Seq: m,
 				Heard: []rebalancer.Heard{{Region: "a", Epoch: m - 1}, {Region: "b", Epoch: m}, {Region: "c", Epoch: m}}}
+			if quiet {
+				// As a Core with Deltas sends them: a full report every
+				// FullEvery epochs, and between them deltas against it
+				// that list no key (nothing changed).
+				r.Started, r.AcceptsDelta = base, true
+				if full := base + (m-base)/int64(cfg.FullEvery)*int64(cfg.FullEvery); full != m {
+					r.Base = full
+					require.NoError(b, ad.Publish(ctx, r))
+					continue
+				}
+			}
 			r.Keys = make([]rebalancer.KeyReport, nkeys)
 			for i, s := range subjects {
 				d := int64(100_000 + 200_000*((int(m)+i+j)%period))
+				if quiet {
+					d = quietDemand * 1000 * 1000 / epoch.Milliseconds() // the same rate as this region's, milli/s
+				}
 				r.Keys[i] = rebalancer.KeyReport{Key: rebalancer.Key{PolicyID: "g", Subject: s.Key()},
 					Demand: d / 1000 * 10, SmoothedDemandMilli: d, Share: lim.Default(), Want: shares.Share{RateMilli: 1000, BurstMilli: 1000}}
+				if quiet {
+					r.Keys[i].Want = shares.Share{} // below its default share: it asks for nothing
+				}
 			}
 			require.NoError(b, ad.Publish(ctx, r))
 		}
@@ -252,6 +296,7 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	var slow []slowEntry // the commands of 1 ms or more, for the log
 	over1ms := 0
 	var preempted int64 // redis-server's main thread, during the measured epochs
+	lastDelta := false  // the last report published was a delta listing no key
 	probeOver1ms := 0   // SLOWLOG entries of the probe's commands of 1 ms or more
 	step := func(m int64) {
 		now := rebalancer.EpochStart(m+1, epoch).Add(time.Second)
@@ -277,6 +322,7 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		pr.phase.Store(probeCoordinator)
 		tick(3)
 		want := 2 // the two other regions' reports
+		lastDelta = pub.Report != nil && pub.Report.Base > 0 && len(pub.Report.Keys) == 0
 		if pub.Report != nil {
 			rawBytes += int64(proto.Size(kafkabus.ToProto(pub.Report, epoch, now)))
 			measuring.Store(true)
@@ -340,6 +386,19 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		prepare(m)
 		step(m)
 		m++
+	}
+	if quiet {
+		// The shares settle by halves (the damped target): go on until an
+		// epoch writes nothing and this region's report is a delta that
+		// lists no key (its base settled too). Measure FullEvery epochs
+		// (-benchtime 6x) to average over the full reports' cycle.
+		for settled := false; !settled; m++ {
+			require.Less(b, m-base, int64(80), "the quiet steady state did not settle")
+			before := updates + shrinks
+			prepare(m)
+			step(m)
+			settled = updates+shrinks == before && lastDelta
+		}
 	}
 	wall, cpu, rcpu, updates, shrinks = [7]time.Duration{}, [7]time.Duration{}, [7]time.Duration{}, 0, 0
 	slowest, over1ms, slow, rawBytes, preempted, probeOver1ms = slowEntry{}, 0, nil, 0, 0, 0
@@ -433,6 +492,11 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	runtime.ReadMemStats(&ms)
 	b.ReportMetric(float64(int64(withCore)-int64(ms.HeapAlloc))/float64(nkeys), "core-B/key")
 }
+
+// quietDemand is each key's demand per 10 s epoch in every region in
+// BenchmarkEpochScaleQuiet: 50/s, half the default share of benchEpoch's
+// limit (300/s over 3 regions).
+const quietDemand = 500
 
 // Phases of the gateway probe (benchEpoch): between collections (only
 // the probe), the coordinator reading usage, its CPU-only phases
