@@ -798,12 +798,36 @@ type UsageRead struct {
 // CollectUsageRead is CollectUsageLayout that also says which hashes were
 // big (UsageRead.Big).
 func CollectUsageRead(ctx context.Context, client redis.UniversalClient, epoch int64, layout UsageLayout) (UsageRead, error) {
+	var out []UsageTotal
+	big, err := ScanUsage(ctx, client, epoch, layout, func(t UsageTotal) { out = append(out, t) })
+	if err != nil && !errors.Is(err, ErrBadUsage) {
+		return UsageRead{}, err
+	}
+	return UsageRead{Totals: out, Big: big}, err
+}
+
+// ScanUsage reads one epoch's usage as CollectUsageRead does, but hands
+// each key's total to fn instead of building a slice, so that a caller
+// with a slice of its own (a coordinator, sized by the last epoch's count)
+// fills it without a copy: at a million keys, growing CollectUsageRead's
+// slice and copying it into the caller's cost about a fifth of the read
+// (the memory is faulted in afresh every epoch). It returns the keys of
+// the big hashes (UsageRead.Big).
+//
+// fn is called on the calling goroutine, once per key, in no particular
+// order: with the packed layout alone, as soon as the key's hash is read;
+// with split shards too (a rolling upgrade), once every hash is read,
+// since a key's split fields may be in any of them. Errors are
+// CollectUsageRead's: on one wrapping ErrBadUsage, fn has had every total
+// that could be read; on any other, what fn had is incomplete and must be
+// discarded.
+func ScanUsage(ctx context.Context, client redis.UniversalClient, epoch int64, layout UsageLayout, fn func(UsageTotal)) (big []string, err error) {
 	if layout.Shards <= 0 {
 		layout.Shards = DefaultUsageShards
 	}
 	parts := max(1, layout.Parts)
 	if parts > 1 && (layout.Shards%parts != 0 || layout.SplitShards > 0 || layout.Part < 0 || layout.Part >= parts) {
-		return UsageRead{}, fmt.Errorf("limiter: usage layout: part %d of %d with %d shards and %d split shards: want 0 <= part < parts, shards a multiple of parts, no split shards", layout.Part, parts, layout.Shards, layout.SplitShards)
+		return nil, fmt.Errorf("limiter: usage layout: part %d of %d with %d shards and %d split shards: want 0 <= part < parts, shards a multiple of parts, no split shards", layout.Part, parts, layout.Shards, layout.SplitShards)
 	}
 	keys := make([]string, 0, layout.Shards/parts+max(0, layout.SplitShards))
 	for s := max(0, layout.Part) % parts; s < layout.Shards; s += parts {
@@ -816,42 +840,54 @@ func CollectUsageRead(ctx context.Context, client redis.UniversalClient, epoch i
 	c := usageCollector{policies: map[string]string{}, index: map[string]int{}, seen: map[string]struct{}{}}
 	// Split fields are merged into a map of every key's total only when
 	// there are some (a rolling upgrade): the packed layout holds all of
-	// a key's fields in one hash, so merging it per hash is enough.
-	var split []UsageTotal
-	var big []string
-	err := scanUsageHashes(ctx, client, keys, func(i int, fields []string, paged bool) {
+	// a key's fields in one hash, so merging it per hash is enough, and
+	// its totals go to fn as each hash is read.
+	withSplit := len(keys) > packed
+	var hash, split []UsageTotal
+	err = scanUsageHashes(ctx, client, keys, func(i int, fields []string, paged bool) {
 		if paged || len(fields)/2 > usageListpackEntries {
 			big = append(big, keys[i])
 		}
-		if i < packed {
-			c.out = c.collect(c.out, fields, paged, false)
-		} else {
+		switch {
+		case i >= packed:
 			split = c.collect(split, fields, paged, true)
+		case withSplit:
+			c.out = c.collect(c.out, fields, paged, false)
+		default:
+			hash = c.collect(hash[:0], fields, paged, false)
+			for _, t := range hash {
+				fn(t)
+			}
 		}
 	})
 	if err != nil {
-		return UsageRead{}, fmt.Errorf("%w: collect usage of epoch %d: %v", ErrStoreUnavailable, epoch, err)
+		return nil, fmt.Errorf("%w: collect usage of epoch %d: %v", ErrStoreUnavailable, epoch, err)
 	}
-	out := c.out
-	if len(split) > 0 {
-		at := make(map[string]int, len(out))
-		for i, t := range out {
-			at[t.PolicyID+":"+t.SubjectKey] = i
-		}
-		for _, t := range split {
-			if i, ok := at[t.PolicyID+":"+t.SubjectKey]; ok {
-				out[i].Demand += t.Demand
-				out[i].Admitted += t.Admitted
-				continue
+	if withSplit {
+		out := c.out
+		if len(split) > 0 {
+			at := make(map[string]int, len(out))
+			for i, t := range out {
+				at[t.PolicyID+":"+t.SubjectKey] = i
 			}
-			out = append(out, t)
+			for _, t := range split {
+				if i, ok := at[t.PolicyID+":"+t.SubjectKey]; ok {
+					out[i].Demand += t.Demand
+					out[i].Admitted += t.Admitted
+					continue
+				}
+				out = append(out, t)
+			}
+		}
+		for _, t := range out {
+			fn(t)
 		}
 	}
 	if len(c.bad) > 0 {
 		slices.Sort(c.bad)
-		return UsageRead{Totals: out, Big: big}, fmt.Errorf("%w: epoch %d: %d unparsable fields, first %q", ErrBadUsage, epoch, len(c.bad), c.bad[0])
+		return big, fmt.Errorf("%w: epoch %d: %d unparsable fields, first %q", ErrBadUsage, epoch, len(c.bad), c.bad[0])
 	}
-	return UsageRead{Totals: out, Big: big}, nil
+	return big, nil
 }
 
 // usageListpackEntries is redis-server 7.0's default
@@ -930,18 +966,43 @@ func (c *usageCollector) collect(out []UsageTotal, fields []string, paged, split
 // its fields and values, and whether it took more than one call, once the
 // hash is read to its end (a missing hash is read as empty). It returns
 // the first Redis error.
+//
+// The rounds are sent by a goroutine of their own while done parses the
+// hashes of the round before (one round in flight, one being parsed), so
+// that parsing and redis-server's work overlap instead of taking turns;
+// done is called on the calling goroutine, in the order of the rounds.
 func scanUsageHashes(ctx context.Context, client redis.UniversalClient, keys []string, done func(i int, fields []string, paged bool)) error {
-	type hash struct {
-		i      int
-		cursor uint64
-		fields []string
-		calls  int
+	read := make(chan []scannedHash, 1)
+	var err error
+	go func() {
+		defer close(read)
+		err = fetchUsageHashes(ctx, client, keys, read)
+	}()
+	for hashes := range read {
+		for _, h := range hashes {
+			done(h.i, h.fields, h.calls > 1)
+		}
 	}
-	var active []*hash // being paged (cursor != 0)
+	return err // written before read was closed
+}
+
+// scannedHash is one usage hash being read by fetchUsageHashes.
+type scannedHash struct {
+	i      int // in keys
+	cursor uint64
+	fields []string
+	calls  int
+}
+
+// fetchUsageHashes sends the rounds of scanUsageHashes and, after each,
+// the hashes it finished on out (a new slice every round: the receiver
+// keeps it).
+func fetchUsageHashes(ctx context.Context, client redis.UniversalClient, keys []string, out chan<- []scannedHash) error {
+	var active []*scannedHash // being paged (cursor != 0)
 	next := 0
 	readHashes, readFields := 0, 0
 	cmds := make([]*redis.ScanCmd, 0, UsageScanRoundCommands)
-	round := make([]*hash, 0, UsageScanRoundCommands)
+	round := make([]*scannedHash, 0, UsageScanRoundCommands)
 	for len(active) > 0 || next < len(keys) {
 		round = round[:0]
 		asked := 0
@@ -959,7 +1020,7 @@ func scanUsageHashes(ctx context.Context, client redis.UniversalClient, keys []s
 			est = (readFields + readHashes - 1) / readHashes
 		}
 		for next < len(keys) && len(round) < UsageScanRoundCommands && (len(round) == 0 || asked+est <= UsageScanRoundFields) {
-			round = append(round, &hash{i: next})
+			round = append(round, &scannedHash{i: next})
 			asked += est
 			next++
 		}
@@ -972,10 +1033,15 @@ func scanUsageHashes(ctx context.Context, client redis.UniversalClient, keys []s
 			return err
 		}
 		active = active[:0]
+		var finished []scannedHash
 		for j, cmd := range cmds {
 			h := round[j]
 			page, cursor := cmd.Val()
-			h.fields = append(h.fields, page...)
+			if h.calls == 0 && cursor == 0 {
+				h.fields = page // read whole in one call (every listpack): no copy
+			} else {
+				h.fields = append(h.fields, page...)
+			}
 			h.cursor = cursor
 			h.calls++
 			if cursor != 0 {
@@ -984,7 +1050,10 @@ func scanUsageHashes(ctx context.Context, client redis.UniversalClient, keys []s
 			}
 			readHashes++
 			readFields += len(h.fields) / 2
-			done(h.i, h.fields, h.calls > 1)
+			finished = append(finished, *h)
+		}
+		if len(finished) > 0 {
+			out <- finished
 		}
 	}
 	return nil
