@@ -87,10 +87,13 @@ bench-rls:
 
 ## bench-scale: one coordinator epoch (real redis-server and broker) at 10k, 100k
 ## and 1M active keys: wall and CPU per phase, memory per key, Kafka bytes, the
-## longest Redis command (BenchmarkEpochScale; about 8 minutes, over 2.6 GB);
-## under the machine-wide benchmark lock
+## longest Redis command; every share changing (BenchmarkEpochScale; about 8
+## minutes, over 2.6 GB), then nothing changing, averaged over a full-report cycle
+## of 6 epochs (BenchmarkEpochScaleQuiet; about 5 minutes); under the machine-wide
+## benchmark lock
 bench-scale: deps
 	QUOTIENT_BENCH_1M=1 flock /tmp/quotient-deployed.lock $(GO) test -run '^$$' -bench '^BenchmarkEpochScale$$' -benchtime 2x -timeout 60m ./rebalancer/
+	QUOTIENT_BENCH_1M=1 flock /tmp/quotient-deployed.lock $(GO) test -run '^$$' -bench '^BenchmarkEpochScaleQuiet$$' -benchtime 6x -timeout 60m ./rebalancer/
 
 ## simulate: the standard scenario suite in virtual time; prints the accuracy table
 simulate:
