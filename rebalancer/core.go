@@ -99,7 +99,7 @@ type remote struct {
 	accepts   bool              // report last says AcceptsDelta
 	// full is the region's newest full report received (its key indices
 	// counted in refs once more, for it), of epoch fullEpoch: the base
-	// its deltas are expanded against (delta.go). nil: none.
+	// its deltas are overlays of (delta.go). nil: none.
 	full      *stored
 	fullEpoch int64
 }
@@ -108,11 +108,20 @@ type remote struct {
 // the sender's smoothed demand, claim and want, and the line of each key
 // by its index, resolved once when the report is received. It holds no
 // pointer besides its slices' (the garbage collector scans none of them).
+//
+// A delta is stored as an overlay of its base (base not nil, a full
+// report): lines, idx and pos then hold only the lines the delta lists
+// (pos nil when it lists none), gone marks the base's lines it removed
+// (nil when none), and every other line is the base's. So a delta that
+// changes nothing costs a few words, not a copy of the base (mentions,
+// lineOf).
 type stored struct {
 	seq   int64
-	lines []line  // the report's key lines, in its order
+	base  *stored // a delta's base; nil for a full report
+	lines []line  // the report's key lines, in its order (a delta's: only those it lists)
 	idx   []int32 // by line: the key's index
-	pos   []int32 // by key index: line+1; 0 or past the end: the report does not mention the key
+	pos   []int32 // by key index: line+1; 0 or past the end: not among lines
+	gone  []bool  // a delta's: by line of base, removed by the delta; nil: none
 	// started is the report's Started (0: an older sender); heardMax the
 	// highest epoch its Heard says the sender received from another
 	// region (noEpoch: none). A report with heardMax <= m-K shows its
@@ -609,6 +618,9 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 	idx := make([]int32, 0, len(r.Keys))
 	var bad error
 	prev, next := q.reports[q.last], 0
+	if prev != nil && prev.base != nil {
+		prev = prev.base // the order of the region's full report
+	}
 	for i := range r.Keys {
 		k := &r.Keys[i]
 		switch {
@@ -653,9 +665,9 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 	if bad == nil {
 		bad = checkRelay(r)
 	}
-	var lines []line
+	var s *stored
 	if bad == nil && base != nil {
-		lines, idx, pos, bad = c.expand(base, r, idx)
+		s, bad = c.overlay(base, r, idx, pos)
 	}
 	if bad != nil {
 		c.releaseFresh()
@@ -677,16 +689,17 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 		}
 	}
 	if base == nil {
-		lines = make([]line, len(r.Keys))
+		lines := make([]line, len(r.Keys))
 		for l := range r.Keys {
 			k := &r.Keys[l]
 			lines[l] = line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want}
 		}
+		s = &stored{lines: lines, idx: idx, pos: pos}
 	}
-	for _, j := range idx {
+	s.seq, s.started, s.heardMax = r.Seq, r.Started, heardMax
+	for j := range s.mentions() {
 		c.refs[j]++
 	}
-	s := &stored{seq: r.Seq, lines: lines, idx: idx, pos: pos, started: r.Started, heardMax: heardMax}
 	q.reports[r.Epoch] = s
 	if base == nil {
 		c.setFull(q, s, r.Epoch)
@@ -821,7 +834,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 		if s == nil {
 			continue
 		}
-		for _, j := range s.idx {
+		for j := range s.mentions() {
 			if c.st[j].held {
 				continue
 			}
@@ -1008,18 +1021,27 @@ func (c *Core) inputs(j int32, st *keyState, lim shares.Limit, m int64, latest b
 // not mention it: from s's index of lines by key index, or (c.lookup, in
 // tests) by searching its lines.
 func (c *Core) lineOf(s *stored, j int32) *line {
-	if c.lookup {
-		if l := slices.Index(s.idx, j); l >= 0 {
-			return &s.lines[l]
-		}
-		return nil
+	if l := c.ownLine(s, j); l >= 0 {
+		return &s.lines[l]
 	}
-	if int(j) < len(s.pos) {
-		if l := s.pos[j]; l > 0 {
-			return &s.lines[l-1]
+	if b := s.base; b != nil {
+		if l := c.ownLine(b, j); l >= 0 && (s.gone == nil || !s.gone[l]) {
+			return &b.lines[l]
 		}
 	}
 	return nil
+}
+
+// ownLine returns the line of s's own lines (a delta's: those it lists)
+// of the key of index j, or -1.
+func (c *Core) ownLine(s *stored, j int32) int {
+	if c.lookup {
+		return slices.Index(s.idx, j)
+	}
+	if int(j) < len(s.pos) {
+		return int(s.pos[j]) - 1
+	}
+	return -1
 }
 
 // held returns the state of key k, or nil when the Core holds none. The
@@ -1090,7 +1112,7 @@ func (c *Core) remove(j int32) {
 // drop forgets a stored report that is deleted: a key no longer mentioned
 // by any report and not held loses its index.
 func (c *Core) drop(s *stored) {
-	for _, j := range s.idx {
+	for j := range s.mentions() {
 		if c.refs[j]--; c.refs[j] == 0 {
 			c.release(j)
 		}

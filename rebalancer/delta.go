@@ -2,6 +2,7 @@ package rebalancer
 
 import (
 	"fmt"
+	"iter"
 	"slices"
 
 	"github.com/quotientlabs/quotient/shares"
@@ -9,8 +10,9 @@ import (
 
 // Delta reports (issue 15; package doc, "Delta reports"). A sender keeps
 // its last full report (sentBase) and makes each delta against it; a
-// receiver keeps each region's last full report (remote.full) and expands
-// a delta against it into the stored report the full one would have given.
+// receiver keeps each region's last full report (remote.full) and stores
+// a delta as an overlay of it (stored.base), which reads as the report the
+// full one would have given.
 // This file holds both sides; Collect and Receive call them.
 
 // sentBase is the last full report this Core published: what its deltas
@@ -237,57 +239,93 @@ func baseOf(q *remote, r *Report) *stored {
 	return q.full
 }
 
-// expand returns the lines, key indices and index by key of the report
-// that delta r (its lines' key indices idx) expands to against base b:
-// b's lines, with each of r's lines replacing the base's line of its key
-// or added after them, and the Removed ones taken out. An error (wrapping
-// ErrReport) when r removes a key b does not have.
-func (c *Core) expand(b *stored, r *Report, idx []int32) ([]line, []int32, []int32, error) {
-	n := len(b.lines)
-	lines := make([]line, n, n+len(idx))
-	copy(lines, b.lines)
-	out := make([]int32, n, n+len(idx))
-	copy(out, b.idx)
-	pos := make([]int32, c.tab.size())
-	copy(pos, b.pos)
-	var del []bool
+// overlay returns the stored form of delta r (its lines' key indices idx,
+// and pos: line+1 by key index) against base b: an overlay of b holding
+// r's lines that are not Removed, with the base's lines r removes marked
+// gone. An error (wrapping ErrReport) when r removes a key b does not
+// have.
+func (c *Core) overlay(b *stored, r *Report, idx, pos []int32) (*stored, error) {
+	s := &stored{base: b}
+	n := 0
 	for l, j := range idx {
 		k := &r.Keys[l]
-		at := pos[j]
+		if !k.Removed {
+			n++
+			continue
+		}
+		at := b.ownLineIndex(j)
+		if at < 0 {
+			return nil, fmt.Errorf("%w: region %s epoch %d: key %s/%s removed, but not in base %d", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject, r.Base)
+		}
+		if s.gone == nil {
+			s.gone = make([]bool, len(b.lines))
+		}
+		s.gone[at] = true
+	}
+	if n == 0 {
+		return s, nil
+	}
+	s.lines, s.idx = make([]line, 0, n), idx[:0:n]
+	if n < len(idx) {
+		s.idx = make([]int32, 0, n)
+	}
+	for l, j := range idx {
+		k := &r.Keys[l]
 		if k.Removed {
-			if at == 0 {
-				return nil, nil, nil, fmt.Errorf("%w: region %s epoch %d: key %s/%s removed, but not in base %d", ErrReport, r.Region, r.Epoch, k.PolicyID, k.Subject, r.Base)
-			}
-			if del == nil {
-				del = make([]bool, n)
-			}
-			del[at-1] = true
+			pos[j] = 0
 			continue
 		}
-		ln := line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want}
-		if at > 0 {
-			lines[at-1] = ln
-			continue
-		}
-		lines = append(lines, ln)
-		out = append(out, j)
-		pos[j] = int32(len(lines))
+		s.lines = append(s.lines, line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want})
+		s.idx = append(s.idx, j)
+		pos[j] = int32(len(s.lines))
 	}
-	if del != nil {
-		w := 0
-		for l := range lines {
-			j := out[l]
-			if l < n && del[l] {
-				pos[j] = 0
-				continue
+	s.pos = pos
+	return s, nil
+}
+
+// ownLineIndex returns the line of s's own lines of the key of index j,
+// or -1 (from pos: s is a full report, or the lines a delta lists).
+func (s *stored) ownLineIndex(j int32) int {
+	if int(j) < len(s.pos) {
+		return int(s.pos[j]) - 1
+	}
+	return -1
+}
+
+// mentions yields the index of every key s mentions, once each: a full
+// report's keys in its order; a delta's, its base's that it did not
+// remove, then those it added.
+func (s *stored) mentions() iter.Seq[int32] {
+	return func(yield func(int32) bool) {
+		b := s.base
+		if b == nil {
+			for _, j := range s.idx {
+				if !yield(j) {
+					return
+				}
 			}
-			lines[w], out[w] = lines[l], j
-			pos[j] = int32(w) + 1
-			w++
+			return
 		}
-		lines, out = lines[:w], out[:w]
+		for l, j := range b.idx {
+			if (s.gone == nil || !s.gone[l]) && !yield(j) {
+				return
+			}
+		}
+		for _, j := range s.idx {
+			if b.ownLineIndex(j) < 0 && !yield(j) {
+				return
+			}
+		}
 	}
-	return lines, out, pos, nil
+}
+
+// count returns how many keys s mentions.
+func (s *stored) count() int {
+	n := 0
+	for range s.mentions() {
+		n++
+	}
+	return n
 }
 
 // NotPublished tells the Core that the report Collect returned for epoch

@@ -187,7 +187,7 @@ func TestDeltaReports(t *testing.T) {
 	assert.Equal(t, Duplicate, rc)
 	s := b.remote[b.index["a"]].reports[d2.Epoch]
 	want := expandReport(full, d2)
-	require.Len(t, s.lines, len(want.Keys))
+	require.Equal(t, len(want.Keys), s.count())
 	for n, k := range want.Keys {
 		j, ok := b.tab.find(k.Key)
 		require.True(t, ok)
@@ -195,6 +195,14 @@ func TestDeltaReports(t *testing.T) {
 		require.NotNil(t, l, "line %d", n)
 		assert.Equal(t, line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want}, *l)
 	}
+	// Stored as an overlay of the base, which it does not copy: the key it
+	// removed is neither mentioned nor read through to the base.
+	require.NotNil(t, s.base, "a delta is stored against its base")
+	assert.Empty(t, s.lines, "d2 lists only a removal")
+	j2, ok := b.tab.find(keys[1])
+	require.True(t, ok)
+	assert.Nil(t, b.lineOf(s, j2), "removed by the delta")
+	assert.NotContains(t, slices.Collect(s.mentions()), j2)
 	// A delta naming another base (a base the receiver does not hold).
 	other := *d2
 	other.Epoch, other.Seq, other.Base = d2.Epoch+1, d2.Seq+1, full.Epoch-1

@@ -527,10 +527,14 @@
 // delta: a delta carries epoch_ms 0 on the wire). A receiver keeps, per
 // region, the newest full report it received and expands a delta of the
 // same sender Core (same Started) and base epoch into the lines that full
-// report would have held; it stores and decides from the expansion
-// exactly as from a full report. A key left out costs the sender a
-// comparison and the receiver a copied line: no bytes on Kafka, no
-// decoding, no interning.
+// report would have held; it decides from the expansion exactly as from a
+// full report. The expansion is not copied: the delta is stored as an
+// overlay of the base it names (its own lines, and the base's lines it
+// removed), and a lookup reads the overlay's line, else the base's unless
+// removed; the overlay holds the base, and counts every key the expansion
+// mentions, so the key indices it reads stay valid while it is held. A key
+// left out costs the sender a comparison and the receiver nothing: no
+// bytes on Kafka, no decoding, no interning, no copied line.
 //
 // Why an expansion equals the full report it replaces, for claims
 // exactly: a key is left out only when its Share and Want equal the

@@ -97,7 +97,10 @@ func BenchmarkEpoch100kKeys(b *testing.B) {
 // The million-key size takes minutes and several GB of memory, so it runs
 // only with QUOTIENT_BENCH_1M=1 (make bench-scale); without it it is
 // skipped and says so. QUOTIENT_BENCH_CPUPROFILE=FILE writes a CPU profile
-// of the measured epochs only (not the untimed setup) of the last size run.
+// of the measured epochs only (not the untimed setup) of the last size run;
+// QUOTIENT_BENCH_COREHEAP=FILE a heap profile taken after them, while the
+// Core is still held (its inuse_space is what core-B/key measures, with
+// whatever else the test process holds).
 // Run with -benchtime 2x and under the machine-wide benchmark lock.
 func BenchmarkEpochScale(b *testing.B) {
 	benchScale(b, 2)
@@ -486,6 +489,13 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	withCore := ms.HeapAlloc
+	if path := os.Getenv("QUOTIENT_BENCH_COREHEAP"); path != "" {
+		// What the Core retains between epochs, by allocation site.
+		f, err := os.Create(path)
+		require.NoError(b, err)
+		require.NoError(b, pprof.Lookup("heap").WriteTo(f, 0))
+		require.NoError(b, f.Close())
+	}
 	runtime.KeepAlive(core)
 	core = nil
 	runtime.GC()
