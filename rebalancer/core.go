@@ -75,18 +75,24 @@ type Core struct {
 // index. It holds no pointer, so the garbage collector does not scan the
 // states.
 type keyState struct {
-	demand, admitted int64        // this epoch's usage so far
-	smoothed         int64        // smoothed demand, milli cost units per second
-	share            shares.Share // enforced now; valid when known
-	claim            shares.Share // the claim of the last report (share when it was published); valid when known
-	want             shares.Share // want published in the pending report
-	writtenAt        int64        // epoch of the decision that last wrote it
-	known            bool         // share has been set (else it is the default)
-	synced           bool         // this Core wrote (or knows) the record
-	record           bool         // a record (not the default) is written
-	short            bool         // the record is above the default (short lifetime)
-	held             bool         // the Core holds state for the key (else the other fields are unused)
-	listed           bool         // the index is in Core.order or Core.added
+	smoothed  int64        // smoothed demand, milli cost units per second
+	share     shares.Share // enforced now; valid when known
+	claim     shares.Share // the claim of the last report (share when it was published); valid when known
+	want      shares.Share // want published in the pending report
+	writtenAt int64        // epoch of the decision that last wrote it
+	known     bool         // share has been set (else it is the default)
+	synced    bool         // this Core wrote (or knows) the record
+	record    bool         // a record (not the default) is written
+	short     bool         // the record is above the default (short lifetime)
+	held      bool         // the Core holds state for the key (else the other fields are unused)
+	listed    bool         // the index is in Core.order or Core.added
+}
+
+// epochUse is one key's usage of the epoch being collected, by key index
+// in a slice that lives for one collect: summed over the usage entries of
+// the key (a store may report a key in several entries).
+type epochUse struct {
+	demand, admitted int64 // cost units
 }
 
 // remote is what this region holds from another region.
@@ -413,9 +419,6 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 			i = j
 		}
 		seen[n] = i
-		st := &c.st[i]
-		st.demand = satAdd(st.demand, u.Demand)
-		st.admitted = satAdd(st.admitted, u.Admitted)
 	}
 	slices.SortStableFunc(fresh, func(a, b int) int { return compareKeys(usage[a].Key, usage[b].Key) })
 	for _, n := range fresh {
@@ -428,9 +431,16 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 			i = c.hold(u.Key, m)
 		}
 		seen[n] = i
-		st := &c.st[i]
-		st.demand = satAdd(st.demand, u.Demand)
-		st.admitted = satAdd(st.admitted, u.Admitted)
+	}
+	// The epoch's usage by key index: only this call reads it, so the
+	// Core does not keep it between epochs (16 B a key).
+	use := make([]epochUse, c.tab.size())
+	for n, i := range seen {
+		if i >= 0 {
+			u := &use[i]
+			u.demand = satAdd(u.demand, usage[n].Demand)
+			u.admitted = satAdd(u.admitted, usage[n].Admitted)
+		}
 	}
 	c.usageHint = slices.DeleteFunc(seen, func(i int32) bool { return i < 0 })
 	warm := c.warm(m)
@@ -456,7 +466,11 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 	// In key order, so that the report and the updates come out sorted.
 	for _, i := range c.tidy() {
 		k, st := c.tab.key(i), &c.st[i]
-		rate := min(shares.MulDiv(st.demand, 1_000_000, c.epochMs), 1<<60)
+		var u epochUse
+		if int(i) < len(use) {
+			u = use[i]
+		}
+		rate := min(shares.MulDiv(u.demand, 1_000_000, c.epochMs), 1<<60)
 		prev := st.smoothed
 		switch {
 		case unknown:
@@ -477,7 +491,6 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		st.want = shares.Share{}
 		lim, ok := c.keyLimit(k, now)
 		if !ok {
-			st.demand, st.admitted = 0, 0
 			continue
 		}
 		if !st.known {
@@ -510,16 +523,15 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 				st.want = w
 			}
 		}
-		if rep != nil && (st.demand > 0 || st.smoothed > 0 || st.share != lim.Default() || st.want != (shares.Share{})) {
+		if rep != nil && (u.demand > 0 || st.smoothed > 0 || st.share != lim.Default() || st.want != (shares.Share{})) {
 			// (A delta may publish the base's smoothed demand, within
 			// the tolerance: it becomes this key's, so that every view,
 			// this region's included, reads the same; delta.go.)
 			st.smoothed = c.reportLine(rep, delta, i, KeyReport{
-				Key: k, Demand: st.demand, Admitted: st.admitted, SmoothedDemandMilli: st.smoothed,
+				Key: k, Demand: u.demand, Admitted: u.admitted, SmoothedDemandMilli: st.smoothed,
 				Share: st.share, Want: st.want,
 			})
 		}
-		st.demand, st.admitted = 0, 0
 	}
 	if rep != nil {
 		c.finishReport(rep, delta)
@@ -902,7 +914,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			// before, not once a majority keeps growing.)
 			st.share = next
 		}
-		if st.share == def && !st.record && st.smoothed == 0 && st.demand == 0 && st.synced {
+		if st.share == def && !st.record && st.smoothed == 0 && st.synced {
 			c.remove(j) // idle at the default: no state needed
 		}
 	}
