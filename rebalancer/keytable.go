@@ -1,6 +1,9 @@
 package rebalancer
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"strings"
+)
 
 // keyTable interns keys: each key the Core holds state for, or that a
 // stored report mentions, has a dense index (an int32 from 0), so that the
@@ -13,11 +16,21 @@ import "hash/maphash"
 // only where keys sit in the table, never a result) into an open-addressing
 // table with linear probing, at most half full, whose slots hold the key's
 // index and 32 bits of its hash (so that a probe reads the key only when
-// the hashes match). The only pointers the table holds are the subjects'
-// strings (one per index) and the policy ids' (one per policy): the rest
-// is pointer-free, so the garbage collector does not scan it. An index
-// released (the Core neither holds the key nor has a stored report
-// mentioning it) is reused by the next key interned.
+// the hashes match). An index released (the Core neither holds the key nor
+// has a stored report mentioning it) is reused by the next key interned.
+//
+// Subjects are copied into an arena of chunks (strings of about chunkSize
+// bytes) and each index holds its subject's place in it (8 bytes), instead
+// of a string header and a string of its own (40 bytes a key at a million
+// keys, and a million objects for the garbage collector to mark). A chunk
+// is never written once its bytes are given out, so a subject returned by
+// key stays valid and unchanged for as long as its holder keeps it, across
+// releases and compactions. Released subjects leave their bytes in the
+// arena (dead); when the dead bytes pass both the live ones and minDead the
+// live subjects are copied into new chunks and the old ones are left to the
+// garbage collector. The only pointers the table holds are its chunks' and
+// the policy ids': the rest is pointer-free, so the garbage collector does
+// not scan it.
 //
 // The zero value is not usable; use newKeyTable. Not safe for concurrent
 // use (the Core's calls are serialised).
@@ -26,14 +39,127 @@ type keyTable struct {
 	pols   []string          // policy ids, by policy number
 	polNum map[string]uint32 // policy number of each policy id in pols
 	pol    []uint32          // by index: the key's policy number
-	subj   []string          // by index: the key's subject ("" when released)
+	subj   []uint64          // by index: the subject's place (subjRef); 0 when released
 	slots  []uint64          // hash<<32 | index+1 of a key; 0: empty; len a power of two
 	used   int               // keys in slots
 	free   []int32           // released indices
+
+	chunks    []string         // the arena's full chunks
+	cur       strings.Builder  // the chunk being filled (chunk number len(chunks))
+	long      map[int32]string // subjects of maxArenaSubject bytes or more, by index
+	live      int              // bytes of the subjects held in the arena
+	dead      int              // bytes of released subjects still in the arena
+	chunkSize int              // bytes per chunk (tests make it small)
+	minDead   int              // dead bytes below which the arena is never compacted
+}
+
+// Arena defaults: 1 MiB chunks, compacted once 4 MiB are dead (and more
+// than are live).
+const (
+	arenaChunk   = 1 << 20
+	arenaMinDead = 4 << 20
+	// maxArenaSubject is the length from which a subject is kept as a
+	// string of its own (subjRef has 16 bits of length).
+	maxArenaSubject = 1<<16 - 1
+	// maxChunks is the arena's chunk limit (subjRef has 15 bits of chunk
+	// number): at the default chunk size, 32 GiB of subjects live and dead,
+	// so at least 16 GiB live, as the arena is compacted when half is dead;
+	// beyond it intern panics.
+	maxChunks = 1 << 15
+)
+
+// subjRef packs a subject's place in the arena: chunk number (15 bits),
+// offset in the chunk (32), length (16); the length maxArenaSubject marks
+// a subject kept in keyTable.long. Bit 63 is set so that 0 means none.
+func subjRef(chunk, off, n int) uint64 {
+	return 1<<63 | uint64(chunk)<<48 | uint64(off)<<16 | uint64(n)
 }
 
 func newKeyTable() *keyTable {
-	return &keyTable{seed: maphash.MakeSeed(), polNum: map[string]uint32{}, slots: make([]uint64, 64)}
+	return &keyTable{seed: maphash.MakeSeed(), polNum: map[string]uint32{}, slots: make([]uint64, 64),
+		chunkSize: arenaChunk, minDead: arenaMinDead}
+}
+
+// subject returns the subject of index i (interned).
+func (t *keyTable) subject(i int32) string {
+	r := t.subj[i]
+	n := int(uint16(r))
+	if n == 0 {
+		return ""
+	}
+	if n == maxArenaSubject {
+		return t.long[i]
+	}
+	c, off := int(r>>48&0x7fff), int(uint32(r>>16))
+	var chunk string
+	if c < len(t.chunks) {
+		chunk = t.chunks[c]
+	} else {
+		chunk = t.cur.String()
+	}
+	return chunk[off : off+n]
+}
+
+// place copies subject s of index i into the arena and returns its place.
+func (t *keyTable) place(i int32, s string) uint64 {
+	n := len(s)
+	switch {
+	case n == 0:
+		return subjRef(0, 0, 0)
+	case n >= maxArenaSubject:
+		if t.long == nil {
+			t.long = map[int32]string{}
+		}
+		t.long[i] = strings.Clone(s)
+		return subjRef(0, 0, maxArenaSubject)
+	}
+	if t.cur.Len()+n > t.cur.Cap() {
+		if t.cur.Len() > 0 {
+			if len(t.chunks) >= maxChunks-1 {
+				panic("rebalancer: key table: more distinct subjects than 32,767 arena chunks hold")
+			}
+			t.chunks = append(t.chunks, t.cur.String())
+		}
+		t.cur = strings.Builder{}
+		t.cur.Grow(max(t.chunkSize, n))
+	}
+	off := t.cur.Len()
+	t.cur.WriteString(s)
+	t.live += n
+	return subjRef(len(t.chunks), off, n)
+}
+
+// unplace gives up the subject of index i (its bytes become dead).
+func (t *keyTable) unplace(i int32) {
+	n := int(uint16(t.subj[i]))
+	if n == maxArenaSubject {
+		delete(t.long, i)
+	} else {
+		t.live -= n
+		t.dead += n
+	}
+	t.subj[i] = 0
+}
+
+// compact copies the subjects held into new chunks, once the arena holds
+// more dead bytes than live ones (and at least minDead): the old chunks
+// stay valid for whoever still holds a subject of them.
+func (t *keyTable) compact() {
+	held := make([]string, len(t.subj))
+	for _, e := range t.slots {
+		if e != 0 {
+			i := int32(uint32(e)) - 1
+			if n := int(uint16(t.subj[i])); n > 0 && n < maxArenaSubject {
+				held[i] = t.subject(i)
+			}
+		}
+	}
+	t.chunks, t.cur, t.live, t.dead = nil, strings.Builder{}, 0, 0
+	for i, s := range held {
+		if s != "" {
+			t.subj[i] = t.place(int32(i), s)
+		}
+	}
 }
 
 // size is the number of indices given out so far (held or released): every
@@ -41,14 +167,14 @@ func newKeyTable() *keyTable {
 func (t *keyTable) size() int { return len(t.subj) }
 
 // key returns the key of index i.
-func (t *keyTable) key(i int32) Key { return Key{PolicyID: t.pols[t.pol[i]], Subject: t.subj[i]} }
+func (t *keyTable) key(i int32) Key { return Key{PolicyID: t.pols[t.pol[i]], Subject: t.subject(i)} }
 
 // policy returns the policy id of index i.
 func (t *keyTable) policy(i int32) string { return t.pols[t.pol[i]] }
 
 // is reports whether index i is the index of k.
 func (t *keyTable) is(i int32, k Key) bool {
-	return t.subj[i] == k.Subject && t.pols[t.pol[i]] == k.PolicyID
+	return t.subject(i) == k.Subject && t.pols[t.pol[i]] == k.PolicyID
 }
 
 func (t *keyTable) hashOf(k Key) uint32 {
@@ -92,11 +218,15 @@ func (t *keyTable) intern(k Key) (i int32, added bool) {
 	if n := len(t.free); n > 0 {
 		i = t.free[n-1]
 		t.free = t.free[:n-1]
-		t.pol[i], t.subj[i] = pn, k.Subject
+		t.pol[i] = pn
 	} else {
 		i = int32(len(t.subj))
-		t.pol, t.subj = append(t.pol, pn), append(t.subj, k.Subject)
+		t.pol, t.subj = append(t.pol, pn), append(t.subj, 0)
 	}
+	if t.dead > t.live && t.dead >= t.minDead {
+		t.compact()
+	}
+	t.subj[i] = t.place(i, k.Subject)
 	t.slots[p] = uint64(h)<<32 | uint64(uint32(i+1))
 	t.used++
 	if 2*t.used > len(t.slots) {
@@ -142,6 +272,6 @@ func (t *keyTable) release(i int32) {
 	}
 	t.slots[p] = 0
 	t.used--
-	t.subj[i] = "" // let the subject's string go
+	t.unplace(i)
 	t.free = append(t.free, i)
 }

@@ -3,6 +3,7 @@ package rebalancer
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -62,6 +63,66 @@ func TestKeyTableAgainstMap(t *testing.T) {
 				_, ok := tab.find(k)
 				_, want := ref[k]
 				require.Equal(t, want, ok, "key %v", k)
+			}
+		})
+	}
+}
+
+// TestKeyTableArena: with small chunks and a low compaction threshold, a
+// random mix of interns and releases (empty, short and over-long
+// subjects) rolls and compacts the subject arena many times; every key
+// held reads back as interned, every subject handed out earlier is
+// unchanged after the compactions, and the dead bytes stay bounded by the
+// live ones.
+func TestKeyTableArena(t *testing.T) {
+	for seed := range uint64(10) {
+		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 12))
+			tab := newKeyTable()
+			tab.chunkSize, tab.minDead = 64, 128
+			ref := map[Key]int32{}
+			type given struct{ got, want string }
+			var out []given
+			subject := func() string {
+				switch r.IntN(50) {
+				case 0:
+					return ""
+				case 1:
+					return strings.Repeat(fmt.Sprint(r.IntN(4)), maxArenaSubject+r.IntN(3)-1)
+				}
+				return fmt.Sprint("subject:", r.IntN(500), strings.Repeat("x", r.IntN(40)))
+			}
+			compactions := 0
+			for range 20_000 {
+				k := Key{PolicyID: "g", Subject: subject()}
+				if j, ok := ref[k]; ok && r.IntN(2) == 0 {
+					tab.release(j)
+					delete(ref, k)
+					continue
+				}
+				chunks := len(tab.chunks)
+				j, added := tab.intern(k)
+				if len(tab.chunks) < chunks {
+					compactions++
+				}
+				ref[k] = j
+				if r.IntN(10) == 0 {
+					out = append(out, given{got: tab.key(j).Subject, want: strings.Clone(k.Subject)})
+				}
+				if added {
+					// (Compaction is checked when a key is added.)
+					require.LessOrEqual(t, tab.dead, max(tab.live, tab.minDead), "dead bytes bounded")
+				}
+			}
+			require.Positive(t, compactions, "the arena was compacted")
+			for k, j := range ref {
+				require.Equal(t, k, tab.key(j))
+				got, ok := tab.find(k)
+				require.True(t, ok)
+				require.Equal(t, j, got)
+			}
+			for _, g := range out {
+				require.Equal(t, g.want, g.got, "a subject handed out before is unchanged")
 			}
 		})
 	}
