@@ -113,7 +113,8 @@ type remote struct {
 // stored is one received report, reduced to what decisions read: per line
 // the sender's smoothed demand, claim and want, and the line of each key
 // by its index, resolved once when the report is received. It holds no
-// pointer besides its slices' (the garbage collector scans none of them).
+// pointer besides its slices' and its base (the garbage collector scans
+// none of the slices).
 //
 // A delta is stored as an overlay of its base (base not nil, a full
 // report): lines, idx and pos then hold only the lines the delta lists
@@ -1050,10 +1051,7 @@ func (c *Core) ownLine(s *stored, j int32) int {
 	if c.lookup {
 		return slices.Index(s.idx, j)
 	}
-	if int(j) < len(s.pos) {
-		return int(s.pos[j]) - 1
-	}
-	return -1
+	return s.ownLineIndex(j)
 }
 
 // held returns the state of key k, or nil when the Core holds none. The

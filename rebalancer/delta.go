@@ -319,15 +319,6 @@ func (s *stored) mentions() iter.Seq[int32] {
 	}
 }
 
-// count returns how many keys s mentions.
-func (s *stored) count() int {
-	n := 0
-	for range s.mentions() {
-		n++
-	}
-	return n
-}
-
 // NotPublished tells the Core that the report Collect returned for epoch
 // could not be published (its updates were not written, or the bus
 // refused it). The receivers then lack it: if it was a full report, every

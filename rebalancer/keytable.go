@@ -28,9 +28,9 @@ import (
 // releases and compactions. Released subjects leave their bytes in the
 // arena (dead); when the dead bytes pass both the live ones and minDead the
 // live subjects are copied into new chunks and the old ones are left to the
-// garbage collector. The only pointers the table holds are its chunks' and
-// the policy ids': the rest is pointer-free, so the garbage collector does
-// not scan it.
+// garbage collector. The only pointers the table holds are its chunks',
+// the policy ids' and those of subjects too long for the arena (long): the
+// rest is pointer-free, so the garbage collector does not scan it.
 //
 // The zero value is not usable; use newKeyTable. Not safe for concurrent
 // use (the Core's calls are serialised).
