@@ -19,10 +19,11 @@ import (
 // the hashes match). An index released (the Core neither holds the key nor
 // has a stored report mentioning it) is reused by the next key interned.
 //
-// Subjects are copied into an arena of chunks (strings of about chunkSize
-// bytes) and each index holds its subject's place in it (8 bytes), instead
-// of a string header and a string of its own (40 bytes a key at a million
-// keys, and a million objects for the garbage collector to mark). A chunk
+// Subjects are copied into an arena of chunks (strings of up to chunkSize
+// bytes, the first ones smaller) and each index holds its subject's place
+// in it (8 bytes), instead of a string header and a string of its own (40
+// bytes a key at a million keys, and a million objects for the garbage
+// collector to mark). A chunk
 // is never written once its bytes are given out, so a subject returned by
 // key stays valid and unchanged for as long as its holder keeps it, across
 // releases and compactions. Released subjects leave their bytes in the
@@ -53,11 +54,12 @@ type keyTable struct {
 	minDead   int              // dead bytes below which the arena is never compacted
 }
 
-// Arena defaults: 1 MiB chunks, compacted once 4 MiB are dead (and more
-// than are live).
+// Arena defaults: chunks of 1 KiB doubling up to 1 MiB, compacted once 4
+// MiB are dead (and more than are live).
 const (
-	arenaChunk   = 1 << 20
-	arenaMinDead = 4 << 20
+	arenaFirstChunk = 1 << 10
+	arenaChunk      = 1 << 20
+	arenaMinDead    = 4 << 20
 	// maxArenaSubject is the length from which a subject is kept as a
 	// string of its own (subjRef has 16 bits of length).
 	maxArenaSubject = 1<<16 - 1
@@ -120,8 +122,11 @@ func (t *keyTable) place(i int32, s string) uint64 {
 			}
 			t.chunks = append(t.chunks, t.cur.String())
 		}
+		// Chunks start small and double up to chunkSize, so that a Core
+		// of a few keys does not hold a whole chunk.
+		next := min(t.chunkSize, max(arenaFirstChunk, 2*t.cur.Cap()))
 		t.cur = strings.Builder{}
-		t.cur.Grow(max(t.chunkSize, n))
+		t.cur.Grow(max(next, n))
 	}
 	off := t.cur.Len()
 	t.cur.WriteString(s)

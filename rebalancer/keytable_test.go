@@ -128,6 +128,28 @@ func TestKeyTableArena(t *testing.T) {
 	}
 }
 
+// TestKeyTableArenaStartsSmall: a table of a few keys holds a small
+// chunk, not a whole arenaChunk; chunks double as subjects come.
+func TestKeyTableArenaStartsSmall(t *testing.T) {
+	tab := newKeyTable()
+	for i := range 3 {
+		tab.intern(Key{PolicyID: "g", Subject: fmt.Sprint("k", i)})
+	}
+	require.Less(t, tab.cur.Cap(), 2*arenaFirstChunk, "one first chunk")
+	for i := range 100_000 {
+		tab.intern(Key{PolicyID: "g", Subject: fmt.Sprintf("subject-%06d", i)})
+	}
+	require.GreaterOrEqual(t, tab.cur.Cap(), arenaChunk, "grown to the full chunk size")
+	require.Less(t, tab.cur.Cap(), 2*arenaChunk)
+	require.Less(t, len(tab.chunks), 12, "doubling: few chunks")
+	for i := range 100_000 {
+		k := Key{PolicyID: "g", Subject: fmt.Sprintf("subject-%06d", i)}
+		j, ok := tab.find(k)
+		require.True(t, ok)
+		require.Equal(t, k, tab.key(j))
+	}
+}
+
 // TestReceiveRejectedReleasesKeys: a report rejected (a key twice) or
 // stale interns no key for good, and a report dropped after its decision
 // gives back the indices of keys no one holds.
