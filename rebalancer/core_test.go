@@ -3,6 +3,7 @@ package rebalancer
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -554,8 +555,21 @@ func TestDueAndDeadline(t *testing.T) {
 // BenchmarkStep100k is one epoch of one region's core for 100,000 active
 // keys of 3 regions: Collect (usage of every key), Receive of the two other
 // regions' reports (100,000 keys each), Decide.
-func BenchmarkStep100k(b *testing.B) {
-	const n = 100_000
+func BenchmarkStep100k(b *testing.B) { benchStep(b, 100_000) }
+
+// BenchmarkStep1M is BenchmarkStep100k at a million keys (no Redis, about
+// 2 GB of heap), run only with QUOTIENT_BENCH_1M=1. Its time follows the
+// garbage collector's phase against the step's large short-lived slices
+// (README, "The quiet epoch"): compare binaries in turns, and with
+// GOGC=off for the code alone.
+func BenchmarkStep1M(b *testing.B) {
+	if os.Getenv("QUOTIENT_BENCH_1M") != "1" {
+		b.Skip("a million keys: set QUOTIENT_BENCH_1M=1")
+	}
+	benchStep(b, 1_000_000)
+}
+
+func benchStep(b *testing.B, n int) {
 	pol := PolicyMap{"api": {RateMilli: 3_000_000, BurstMilli: 6_000_000, Regions: 3}}
 	core, err := New(testConfig("eu", three...), pol)
 	require.NoError(b, err)
