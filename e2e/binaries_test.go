@@ -357,7 +357,27 @@ func TestBinariesGlobalLimits(t *testing.T) {
 	stopSampling()
 	sampler.Wait()
 	for _, r := range rs {
-		logMetrics(t, r.name, r.admin+"/metrics", "quotient_dailyquota_", "quotient_coordinator_decisions_total", "quotient_coordinator_errors_total")
+		logMetrics(t, r.name, r.admin+"/metrics", "quotient_dailyquota_", "quotient_coordinator_decisions_total", "quotient_coordinator_errors_total",
+			"quotient_coordinator_reports_published_total", "quotient_coordinator_reports_total")
+	}
+	// Delta reports went through the binaries: every coordinator published
+	// some, and each accepted more reports of every other region than that
+	// region published full ones, so deltas were applied (stored against
+	// their base) and the limits below held with them.
+	fullOf := map[string]float64{}
+	for _, r := range rs {
+		url := r.admin + "/metrics"
+		fullOf[r.name] = metricSum(t, url, regexp.MustCompile(`^quotient_coordinator_reports_published_total\{kind="full"`))
+		assert.Positive(t, metricSum(t, url, regexp.MustCompile(`^quotient_coordinator_reports_published_total\{kind="delta"`)), "%s published no delta report", r.name)
+	}
+	for _, r := range rs {
+		for _, q := range rs {
+			if q.name == r.name {
+				continue
+			}
+			accepted := metricSum(t, r.admin+"/metrics", regexp.MustCompile(`^quotient_coordinator_reports_total\{receipt="accepted",region="`+q.name+`"`))
+			assert.Greater(t, accepted, fullOf[q.name], "%s accepted %v reports of %s, which published %v full ones", r.name, accepted, q.name, fullOf[q.name])
+		}
 	}
 
 	// Σ shares ≤ L and ≤ B at every sample.

@@ -18,6 +18,7 @@ type metrics struct {
 	keys          *prometheus.GaugeVec     // by kind
 	reportLag     *prometheus.HistogramVec // by region
 	reports       *prometheus.CounterVec   // by region, receipt
+	published     *prometheus.CounterVec   // by kind (full, delta)
 	regionsAlive  prometheus.Gauge
 	lastEpoch     *prometheus.GaugeVec // by region
 	decisions     *prometheus.CounterVec
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 			Name: "quotient_coordinator_reports_total",
 			Help: "Reports taken from Kafka, by sending region and receipt (accepted, duplicate, conflict, stale, own, future: an epoch after the receiver's, beyond the clock skew the protocol allows, refused; unbased: a delta report whose base report this coordinator does not hold, not applied, as if lost); invalid reports count in quotient_coordinator_errors_total{kind=\"report\"}.",
 		}, []string{"region", "receipt"}),
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quotient_coordinator_reports_published_total",
+			Help: "Reports this region published, by kind: full, or delta (only the keys whose line changed since the last full report; rebalancer.Config.Deltas). Failed publications count in quotient_coordinator_errors_total{kind=\"publish\"}.",
+		}, []string{"kind"}),
 		regionsAlive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "quotient_coordinator_regions_alive",
 			Help: "Regions not silent at the last decision (this one included).",
@@ -137,7 +142,7 @@ func newMetrics(reg prometheus.Registerer, regions []string) *metrics {
 		m.transferRefused.WithLabelValues(r.String())
 	}
 	reg.MustRegister(m.transferAsks, m.transferGives, m.transferRefused, m.transferAmount, m.transferMalformed)
-	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.usageUnknown, m.usageIncompl, m.again, m.held, m.errors)
+	reg.MustRegister(m.epochDuration, m.keys, m.reportLag, m.reports, m.published, m.regionsAlive, m.lastEpoch, m.decisions, m.updates, m.usageUnknown, m.usageIncompl, m.again, m.held, m.errors)
 	for _, k := range []string{"usage_read", "publish", "share_write", "report", "transfer"} {
 		m.errors.WithLabelValues(k)
 	}
@@ -207,6 +212,13 @@ func (m *metrics) Collected(c rebalancer.CollectInfo) {
 	}
 	if c.PublishErr != nil {
 		m.errors.WithLabelValues("publish").Inc()
+	}
+	if c.Published {
+		kind := "full"
+		if c.ReportBase > 0 {
+			kind = "delta"
+		}
+		m.published.WithLabelValues(kind).Inc()
 	}
 }
 
