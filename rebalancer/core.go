@@ -124,11 +124,12 @@ type remote struct {
 // lineOf).
 type stored struct {
 	seq   int64
-	base  *stored // a delta's base; nil for a full report
-	lines []line  // the report's key lines, in its order (a delta's: only those it lists)
-	idx   []int32 // by line: the key's index
-	pos   []int32 // by key index: line+1; 0 or past the end: not among lines
-	gone  []bool  // a delta's: by line of base, removed by the delta; nil: none
+	base  *stored     // a delta's base; nil for a full report
+	lines []line      // the report's key lines, in its order (a delta's: only those it lists)
+	wants shareColumn // by line: KeyReport.Want
+	idx   []int32     // by line: the key's index
+	pos   []int32     // by key index: line+1; 0 or past the end: not among lines
+	gone  []bool      // a delta's: by line of base, removed by the delta; nil: none
 	// started is the report's Started (0: an older sender); heardMax the
 	// highest epoch its Heard says the sender received from another
 	// region (noEpoch: none). A report with heardMax <= m-K shows its
@@ -138,6 +139,13 @@ type stored struct {
 
 // line is what a decision reads of one KeyReport.
 type line struct {
+	smoothed int64        // KeyReport.SmoothedDemandMilli
+	share    shares.Share // KeyReport.Share
+}
+
+// lineView is one line as decisions read it: the stored line and its
+// want (stored.wants).
+type lineView struct {
 	smoothed    int64        // KeyReport.SmoothedDemandMilli
 	share, want shares.Share // KeyReport.Share and Want
 }
@@ -703,11 +711,13 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 	}
 	if base == nil {
 		lines := make([]line, len(r.Keys))
+		wants := makeShareColumn(len(r.Keys))
 		for l := range r.Keys {
 			k := &r.Keys[l]
-			lines[l] = line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want}
+			lines[l] = line{smoothed: k.SmoothedDemandMilli, share: k.Share}
+			wants.push(k.Want)
 		}
-		s = &stored{lines: lines, idx: idx, pos: pos}
+		s = &stored{lines: lines, wants: wants, idx: idx, pos: pos}
 	}
 	s.seq, s.started, s.heardMax = r.Seq, r.Started, heardMax
 	for j := range s.mentions() {
@@ -1021,7 +1031,7 @@ func (c *Core) inputs(j int32, st *keyState, lim shares.Limit, m int64, latest b
 			in[i] = shares.RegionInput{Silent: true}
 			continue
 		}
-		if l := c.lineOf(s, j); l != nil {
+		if l, ok := c.lineOf(s, j); ok {
 			in[i] = shares.RegionInput{DemandMilli: l.smoothed, Claim: clamp(l.share, lim), Want: clamp(l.want, lim)}
 		} else {
 			in[i] = shares.RegionInput{Claim: def}
@@ -1030,19 +1040,24 @@ func (c *Core) inputs(j int32, st *keyState, lim shares.Limit, m int64, latest b
 	return in
 }
 
-// lineOf returns the line of the key of index j in s, or nil when s does
-// not mention it: from s's index of lines by key index, or (c.lookup, in
-// tests) by searching its lines.
-func (c *Core) lineOf(s *stored, j int32) *line {
+// lineOf returns the line of the key of index j in s, and false when s
+// does not mention it: from s's index of lines by key index, or
+// (c.lookup, in tests) by searching its lines.
+func (c *Core) lineOf(s *stored, j int32) (lineView, bool) {
 	if l := c.ownLine(s, j); l >= 0 {
-		return &s.lines[l]
+		return s.view(l), true
 	}
 	if b := s.base; b != nil {
 		if l := c.ownLine(b, j); l >= 0 && (s.gone == nil || !s.gone[l]) {
-			return &b.lines[l]
+			return b.view(l), true
 		}
 	}
-	return nil
+	return lineView{}, false
+}
+
+// view returns s's own line l.
+func (s *stored) view(l int) lineView {
+	return lineView{smoothed: s.lines[l].smoothed, share: s.lines[l].share, want: s.wants.get(l)}
 }
 
 // ownLine returns the line of s's own lines (a delta's: those it lists)

@@ -20,16 +20,18 @@ import (
 // naming the same keys while it is held.
 type sentBase struct {
 	epoch   int64
-	idx     []int32    // by line: the key's index
-	pos     []int32    // by key index: line+1; 0 or past the end: not in the base
-	lines   []sentLine // by line
-	matched []bool     // by line, scratch of one delta: the key is reported now
+	idx     []int32     // by line: the key's index
+	pos     []int32     // by key index: line+1; 0 or past the end: not in the base
+	lines   []sentLine  // by line
+	wants   shareColumn // by line: the want
+	matched []bool      // by line, scratch of one delta: the key is reported now
 }
 
-// sentLine is what a delta compares of one line of the base.
+// sentLine is what a delta compares of one line of the base, with its
+// want (sentBase.wants).
 type sentLine struct {
 	demand, admitted, smoothed int64
-	share, want                shares.Share
+	share                      shares.Share
 }
 
 // deltaSender is a Core's sending side of deltas.
@@ -94,7 +96,7 @@ func (c *Core) startReport(m int64, exact bool) bool {
 		return true
 	}
 	if c.cfg.Deltas {
-		ds.next = &sentBase{epoch: m, idx: make([]int32, 0, c.nheld), lines: make([]sentLine, 0, c.nheld)}
+		ds.next = &sentBase{epoch: m, idx: make([]int32, 0, c.nheld), lines: make([]sentLine, 0, c.nheld), wants: makeShareColumn(c.nheld)}
 	}
 	return false
 }
@@ -112,7 +114,8 @@ func (c *Core) reportLine(rep *Report, delta bool, j int32, kr KeyReport) int64 
 		rep.Keys = append(rep.Keys, kr)
 		if ds.next != nil {
 			ds.next.idx = append(ds.next.idx, j)
-			ds.next.lines = append(ds.next.lines, sentLine{demand: kr.Demand, admitted: kr.Admitted, smoothed: kr.SmoothedDemandMilli, share: kr.Share, want: kr.Want})
+			ds.next.lines = append(ds.next.lines, sentLine{demand: kr.Demand, admitted: kr.Admitted, smoothed: kr.SmoothedDemandMilli, share: kr.Share})
+			ds.next.wants.push(kr.Want)
 		}
 		return kr.SmoothedDemandMilli
 	}
@@ -120,7 +123,7 @@ func (c *Core) reportLine(rep *Report, delta bool, j int32, kr KeyReport) int64 
 	if int(j) < len(b.pos) {
 		if l := b.pos[j]; l > 0 {
 			b.matched[l-1] = true
-			if bl := &b.lines[l-1]; sameLine(bl, &kr, ds.tol) {
+			if bl := &b.lines[l-1]; sameLine(bl, b.wants.get(int(l-1)), &kr, ds.tol) {
 				return bl.smoothed
 			}
 		}
@@ -185,10 +188,11 @@ func (c *Core) dropBase() {
 func (c *Core) noReport() { c.ds.pub = false }
 
 // sameLine reports whether kr may be left out of a delta whose base has
-// line b: its claims (Share, Want) equal the base's exactly, and each
-// demand field is within tol permille of the base's (exact when tol is 0).
-func sameLine(b *sentLine, kr *KeyReport, tol int64) bool {
-	return kr.Share == b.share && kr.Want == b.want &&
+// line b and want: its claims (Share, Want) equal the base's exactly, and
+// each demand field is within tol permille of the base's (exact when tol
+// is 0).
+func sameLine(b *sentLine, want shares.Share, kr *KeyReport, tol int64) bool {
+	return kr.Share == b.share && kr.Want == want &&
 		near(kr.Demand, b.demand, tol) && near(kr.Admitted, b.admitted, tol) && near(kr.SmoothedDemandMilli, b.smoothed, tol)
 }
 
@@ -265,7 +269,7 @@ func (c *Core) overlay(b *stored, r *Report, idx, pos []int32) (*stored, error) 
 	if n == 0 {
 		return s, nil
 	}
-	s.lines, s.idx = make([]line, 0, n), idx[:0:n]
+	s.lines, s.wants, s.idx = make([]line, 0, n), makeShareColumn(n), idx[:0:n]
 	if n < len(idx) {
 		s.idx = make([]int32, 0, n)
 	}
@@ -275,7 +279,8 @@ func (c *Core) overlay(b *stored, r *Report, idx, pos []int32) (*stored, error) 
 			pos[j] = 0
 			continue
 		}
-		s.lines = append(s.lines, line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want})
+		s.lines = append(s.lines, line{smoothed: k.SmoothedDemandMilli, share: k.Share})
+		s.wants.push(k.Want)
 		s.idx = append(s.idx, j)
 		pos[j] = int32(len(s.lines))
 	}

@@ -191,9 +191,9 @@ func TestDeltaReports(t *testing.T) {
 	for n, k := range want.Keys {
 		j, ok := b.tab.find(k.Key)
 		require.True(t, ok)
-		l := b.lineOf(s, j)
-		require.NotNil(t, l, "line %d", n)
-		assert.Equal(t, line{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want}, *l)
+		l, ok := b.lineOf(s, j)
+		require.True(t, ok, "line %d", n)
+		assert.Equal(t, lineView{smoothed: k.SmoothedDemandMilli, share: k.Share, want: k.Want}, l)
 	}
 	// Stored as an overlay of the base, which it does not copy: the key it
 	// removed is neither mentioned nor read through to the base.
@@ -201,7 +201,8 @@ func TestDeltaReports(t *testing.T) {
 	assert.Empty(t, s.lines, "d2 lists only a removal")
 	j2, ok := b.tab.find(keys[1])
 	require.True(t, ok)
-	assert.Nil(t, b.lineOf(s, j2), "removed by the delta")
+	_, ok = b.lineOf(s, j2)
+	assert.False(t, ok, "removed by the delta")
 	assert.NotContains(t, slices.Collect(s.mentions()), j2)
 	// A delta naming another base (a base the receiver does not hold).
 	other := *d2
