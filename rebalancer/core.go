@@ -59,6 +59,7 @@ type Core struct {
 	silM   int64
 	silOn  bool
 	fresh1 []int32 // scratch of Receive: the indices it interned
+	posBuf []int32 // scratch of Receive: a delta's lines by key index; all 0 between calls
 	// usageHint is the index of each key of the last usage collected, in
 	// its order (some maybe let go since): see collect.
 	usageHint []int32
@@ -118,7 +119,8 @@ type remote struct {
 //
 // A delta is stored as an overlay of its base (base not nil, a full
 // report): lines, idx and pos then hold only the lines the delta lists
-// (pos nil when it lists none), gone marks the base's lines it removed
+// (pos nil, and sparse indexing them, when they are fewer than half the
+// table's keys), gone marks the base's lines it removed
 // (nil when none), and every other line is the base's. So a delta that
 // changes nothing costs a few words, not a copy of the base (mentions,
 // lineOf).
@@ -128,8 +130,11 @@ type stored struct {
 	lines []line      // the report's key lines, in its order (a delta's: only those it lists)
 	wants shareColumn // by line: KeyReport.Want
 	idx   []int32     // by line: the key's index
-	pos   []int32     // by key index: line+1; 0 or past the end: not among lines
-	gone  []bool      // a delta's: by line of base, removed by the delta; nil: none
+	pos   []int32     // by key index: line+1; 0 or past the end: not among lines; nil: see sparse
+	// sparse is a delta's index of its lines by key index when it lists
+	// few (pos nil): overlay.
+	sparse lineIndex
+	gone   []bool // a delta's: by line of base, removed by the delta; nil: none
 	// started is the report's Started (0: an older sender); heardMax the
 	// highest epoch its Heard says the sender received from another
 	// region (noEpoch: none). A report with heardMax <= m-K shows its
@@ -674,7 +679,20 @@ func (c *Core) Receive(r *Report) (Receipt, error) {
 		idx = append(idx, j)
 	}
 	c.grow()
-	pos := make([]int32, c.tab.size())
+	// A full report keeps its index by key index; a delta's lines are
+	// few (overlay indexes them sparsely), so it uses the Core's scratch,
+	// cleared below, instead of a slice the size of the table.
+	var pos []int32
+	if base != nil {
+		pos = c.scratchPos()
+		defer func() {
+			for _, j := range idx {
+				pos[j] = 0
+			}
+		}()
+	} else {
+		pos = make([]int32, c.tab.size())
+	}
 	for l, j := range idx {
 		if pos[j] != 0 {
 			k := &r.Keys[l]
@@ -1038,6 +1056,14 @@ func (c *Core) inputs(j int32, st *keyState, lim shares.Limit, m int64, latest b
 		}
 	}
 	return in
+}
+
+// scratchPos returns c.posBuf, all zero, grown to the table's size.
+func (c *Core) scratchPos() []int32 {
+	if n := c.tab.size(); len(c.posBuf) < n {
+		c.posBuf = make([]int32, n+n/4)
+	}
+	return c.posBuf[:c.tab.size()]
 }
 
 // lineOf returns the line of the key of index j in s, and false when s

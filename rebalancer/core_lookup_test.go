@@ -17,10 +17,14 @@ import (
 // exactly what a Core that looks every key up in a map does, fed the same
 // reports with their keys shuffled. Reports leave keys out, regions miss
 // epochs (the latest report stands in), keys go idle and are forgotten and
-// come back, and one policy is unknown.
+// come back, one policy is unknown, and half the reports are deltas.
 func TestLookupHintsChangeNothing(t *testing.T) {
-	forgot := 0
-	defer func() { require.Greater(t, forgot, 20, "the scenarios must forget keys") }()
+	forgot, sparseDeltas, denseDeltas := 0, 0, 0
+	defer func() {
+		require.Greater(t, forgot, 20, "the scenarios must forget keys")
+		require.Greater(t, sparseDeltas, 100, "deltas whose lines are indexed sparsely")
+		require.Greater(t, denseDeltas, 50, "deltas whose lines are indexed densely")
+	}()
 	for seed := range uint64(40) {
 		t.Run(fmt.Sprint("seed-", seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 7))
@@ -35,6 +39,7 @@ func TestLookupHintsChangeNothing(t *testing.T) {
 			require.NoError(t, err)
 			plain.lookup = true
 
+			fulls := map[string]*Report{} // by region: the last full report sent
 			var keys []Key
 			for i := range 60 {
 				keys = append(keys, Key{PolicyID: []string{"g", "h", "unknown"}[i%3], Subject: fmt.Sprintf("k:%02d", i)})
@@ -67,8 +72,33 @@ func TestLookupHintsChangeNothing(t *testing.T) {
 					}
 					rep := &Report{Region: region, Epoch: e, Seq: e,
 						Heard: []Heard{{Region: "a", Epoch: e - 1}, {Region: region, Epoch: e}}}
+					// Half the reports are deltas against the region's
+					// last full one: they list a few keys, removed or
+					// changed, or new (their lines indexed sparsely, or
+					// densely when they list many).
+					base, delta := fulls[region], fulls[region] != nil && r.IntN(2) == 0
+					if delta {
+						rep.Base = base.Epoch
+					} else {
+						fulls[region] = rep
+					}
+					inBase := map[Key]bool{}
+					if delta {
+						for _, k := range base.Keys {
+							inBase[k.Key] = true
+						}
+					}
+					many := r.IntN(3) == 0
 					for _, k := range keys {
-						if r.IntN(2) == 0 {
+						if delta {
+							switch {
+							case inBase[k] && r.IntN(6) == 0:
+								rep.Keys = append(rep.Keys, KeyReport{Key: k, Removed: true})
+								continue
+							case !many && r.IntN(5) != 0:
+								continue // unchanged, or still absent
+							}
+						} else if r.IntN(2) == 0 {
 							continue
 						}
 						switch l := pol[k.PolicyID]; r.IntN(3) {
@@ -91,6 +121,13 @@ func TestLookupHintsChangeNothing(t *testing.T) {
 					rc2, err := plain.Receive(&shuffled)
 					require.NoError(t, err)
 					require.Equal(t, rc2, rc1)
+					if delta && rc1 == Accepted {
+						if st := hinted.remote[hinted.index[region]].reports[e]; st.pos == nil && len(st.lines) > 0 {
+							sparseDeltas++
+						} else if st.pos != nil {
+							denseDeltas++
+						}
+					}
 				}
 				at := now.Add(cfg.MaxWait)
 				d1, err := hinted.Decide(at)

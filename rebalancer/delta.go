@@ -284,13 +284,21 @@ func (c *Core) overlay(b *stored, r *Report, idx, pos []int32) (*stored, error) 
 		s.idx = append(s.idx, j)
 		pos[j] = int32(len(s.lines))
 	}
-	s.pos = pos
+	if n < len(pos)/2 {
+		s.sparse = makeLineIndex(s.idx)
+	} else {
+		s.pos = slices.Clone(pos)
+	}
 	return s, nil
 }
 
 // ownLineIndex returns the line of s's own lines of the key of index j,
-// or -1 (from pos: s is a full report, or the lines a delta lists).
+// or -1 (from pos: s is a full report, or the lines a delta lists; from
+// sparse: a delta that lists few).
 func (s *stored) ownLineIndex(j int32) int {
+	if s.pos == nil {
+		return s.sparse.get(j)
+	}
 	if int(j) < len(s.pos) {
 		return int(s.pos[j]) - 1
 	}

@@ -101,3 +101,32 @@ func TestStoredWants(t *testing.T) {
 		}
 	}
 }
+
+// TestLineIndex checks the sparse index of a delta's lines against a map:
+// every listed key index answers its line, every other (below, between,
+// beyond the largest listed, negative) answers -1.
+func TestLineIndex(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{0, 1, 2, 63, 64, 65, 500} {
+		for _, spread := range []int{1, 3, 100} {
+			idx := make([]int32, 0, n)
+			want := map[int32]int{}
+			for len(idx) < n {
+				j := rng.Int32N(int32(n*spread + 1))
+				if _, dup := want[j]; dup {
+					continue
+				}
+				want[j] = len(idx)
+				idx = append(idx, j)
+			}
+			x := makeLineIndex(idx)
+			for j := int32(-1); j <= int32(n*spread+130); j++ {
+				l, ok := want[j]
+				if !ok {
+					l = -1
+				}
+				require.Equal(t, l, x.get(j), "n %d spread %d key index %d", n, spread, j)
+			}
+		}
+	}
+}
