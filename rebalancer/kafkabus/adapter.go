@@ -214,17 +214,29 @@ func NewPartAdapter(bus *Bus, epoch time.Duration, now func() time.Time, part, p
 	return a, nil
 }
 
-// Publish implements rebalancer.Bus: it converts r and calls Bus.Publish
-// (blocking until acknowledged by all in-sync replicas, or failing).
+// Publish implements rebalancer.Bus: it converts r and publishes it as
+// Bus.Publish does (blocking until acknowledged by all in-sync replicas,
+// or failing), the same bytes as Bus.Publish(ToProto(r, ...)) but without
+// the copy of its keys.
 func (a *Adapter) Publish(ctx context.Context, r *rebalancer.Report) error {
 	if r == nil {
 		return fmt.Errorf("%w: report is nil", ErrInvalidReport)
 	}
-	p := ToProto(r, a.epoch, a.now())
+	// The header converted; the keys encoded from r itself (keycodec.go),
+	// not copied into a KeyUsage each (unless the benchmarks ask for the
+	// generic path).
+	head := *r
+	if !a.bus.protoKeys {
+		head.Keys = nil
+	}
+	p := ToProto(&head, a.epoch, a.now())
 	if a.parts > 1 {
 		p.KeyPart, p.KeyParts = a.part, a.parts
 	}
-	return a.bus.Publish(ctx, p)
+	if a.bus.protoKeys {
+		return a.bus.Publish(ctx, p)
+	}
+	return a.bus.publish(ctx, p, reportKeys(r.Keys))
 }
 
 // Receive implements rebalancer.Bus: it returns the next converted report,

@@ -200,6 +200,9 @@ type Bus struct {
 	cluster  *kafkautil.Cluster
 	producer *busProducer
 	stats    counters
+	// protoKeys makes encode write keys with proto.Marshal, as before
+	// keycodec.go (benchmarks compare the two).
+	protoKeys bool
 }
 
 // New returns a Bus on cluster. It does no I/O. The caller keeps ownership
@@ -266,7 +269,13 @@ func (b *Bus) Prepare(ctx context.Context) error { return b.producer.prepare(ctx
 // have been sent: publishing the same report again is safe, because
 // receivers dedupe by (region, epoch, seq).
 func (b *Bus) Publish(ctx context.Context, r *quotientv1.UsageReport) error {
-	msgs, err := b.encode(r)
+	return b.publish(ctx, r, newProtoKeys(r.GetKeys(), b.protoKeys))
+}
+
+// publish is Publish of the report of header r (its keys ignored) and
+// keys.
+func (b *Bus) publish(ctx context.Context, r *quotientv1.UsageReport, keys keySource) error {
+	msgs, err := b.encodeKeys(r, keys)
 	if err != nil {
 		return err
 	}
@@ -284,6 +293,14 @@ func (b *Bus) Publish(ctx context.Context, r *quotientv1.UsageReport) error {
 
 // encode validates r and splits it into messages.
 func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
+	return b.encodeKeys(r, newProtoKeys(r.GetKeys(), b.protoKeys))
+}
+
+// encodeKeys validates the report of header r (its keys ignored) and
+// keys, and splits it into messages: each part is r's fields, then the
+// keys that fit (fields in another order than proto.Marshal's, which
+// every reader accepts).
+func (b *Bus) encodeKeys(r *quotientv1.UsageReport, keys keySource) ([]kafka.Message, error) {
 	switch {
 	case r == nil:
 		return nil, fmt.Errorf("%w: report is nil", ErrInvalidReport)
@@ -311,27 +328,32 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 		BaseEpoch: r.GetBaseEpoch(), DeltaEpochMs: r.GetDeltaEpochMs(), AcceptsDelta: r.GetAcceptsDelta(),
 		Part: math.MaxInt32, Parts: math.MaxInt32, // the widest varints
 	}
-	budget := b.cfg.MaxMessageBytes - len(r.GetRegion()) - recordOverhead - proto.Size(header)
+	headerSize := proto.Size(header)
+	budget := b.cfg.MaxMessageBytes - len(r.GetRegion()) - recordOverhead - headerSize
 	// Greedy packing: each part gets as many consecutive keys as fit.
 	var bounds []int // end index of each part's keys
+	var sizes []int  // bytes of each part's keys
 	used := 0
-	for i, k := range r.GetKeys() {
-		if k == nil {
-			return nil, fmt.Errorf("%w: region %q: keys[%d] is nil", ErrInvalidReport, r.GetRegion(), i)
+	for i := range keys.len() {
+		n, err := keys.size(i)
+		if err != nil {
+			return nil, fmt.Errorf("%w: region %q: %v", ErrInvalidReport, r.GetRegion(), err)
 		}
-		n := proto.Size(k)
-		n += protowire.SizeTag(9) + protowire.SizeVarint(uint64(n))
+		n += protowire.SizeTag(fieldReportKeys) + protowire.SizeVarint(uint64(n))
 		if n > budget {
+			policy, subject := keys.name(i)
 			return nil, fmt.Errorf("%w: region %q: keys[%d] (policy %q, subject %q) needs %d bytes, more than fits in one message of %d bytes",
-				ErrInvalidReport, r.GetRegion(), i, k.GetPolicyId(), k.GetSubject(), n, b.cfg.MaxMessageBytes)
+				ErrInvalidReport, r.GetRegion(), i, policy, subject, n, b.cfg.MaxMessageBytes)
 		}
 		if used+n > budget {
 			bounds = append(bounds, i)
+			sizes = append(sizes, used)
 			used = 0
 		}
 		used += n
 	}
-	bounds = append(bounds, len(r.GetKeys()))
+	bounds = append(bounds, keys.len())
+	sizes = append(sizes, used)
 	if len(bounds) > maxParts {
 		return nil, fmt.Errorf("%w: region %q: report needs %d parts, more than %d", ErrInvalidReport, r.GetRegion(), len(bounds), maxParts)
 	}
@@ -355,9 +377,12 @@ func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 			StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
 			KeyPart: r.GetKeyPart(), KeyParts: r.GetKeyParts(),
 			BaseEpoch: r.GetBaseEpoch(), DeltaEpochMs: r.GetDeltaEpochMs(), AcceptsDelta: r.GetAcceptsDelta(),
-			Part: int32(i), Parts: int32(len(bounds)), Keys: r.GetKeys()[lo:hi],
+			Part: int32(i), Parts: int32(len(bounds)),
 		}
-		v, err := proto.Marshal(part)
+		v, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, 0, headerSize+sizes[i]), part)
+		for j := lo; j < hi && err == nil; j++ {
+			v, err = keys.entry(v, j)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: region %q: encode part %d: %v", ErrInvalidReport, r.GetRegion(), i, err)
 		}
