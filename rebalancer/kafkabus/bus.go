@@ -291,6 +291,18 @@ func (b *Bus) publish(ctx context.Context, r *quotientv1.UsageReport, keys keySo
 	return nil
 }
 
+// partHeader returns part part of parts of report r, without keys.
+func partHeader(r *quotientv1.UsageReport, part, parts int32) *quotientv1.UsageReport {
+	return &quotientv1.UsageReport{
+		Region: r.GetRegion(), Epoch: r.GetEpoch(), EpochMs: r.GetEpochMs(), Seq: r.GetSeq(),
+		SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
+		StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
+		KeyPart: r.GetKeyPart(), KeyParts: r.GetKeyParts(),
+		BaseEpoch: r.GetBaseEpoch(), DeltaEpochMs: r.GetDeltaEpochMs(), AcceptsDelta: r.GetAcceptsDelta(),
+		Part: part, Parts: parts,
+	}
+}
+
 // encode validates r and splits it into messages.
 func (b *Bus) encode(r *quotientv1.UsageReport) ([]kafka.Message, error) {
 	return b.encodeKeys(r, newProtoKeys(r.GetKeys(), b.protoKeys))
@@ -320,15 +332,7 @@ func (b *Bus) encodeKeys(r *quotientv1.UsageReport, keys keySource) ([]kafka.Mes
 		return nil, fmt.Errorf("%w: region %q: key part %d of %d, want 0 <= key_part < key_parts",
 			ErrInvalidReport, r.GetRegion(), r.GetKeyPart(), r.GetKeyParts())
 	}
-	header := &quotientv1.UsageReport{
-		Region: r.GetRegion(), Epoch: r.GetEpoch(), EpochMs: r.GetEpochMs(), Seq: r.GetSeq(),
-		SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
-		StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
-		KeyPart: r.GetKeyPart(), KeyParts: r.GetKeyParts(),
-		BaseEpoch: r.GetBaseEpoch(), DeltaEpochMs: r.GetDeltaEpochMs(), AcceptsDelta: r.GetAcceptsDelta(),
-		Part: math.MaxInt32, Parts: math.MaxInt32, // the widest varints
-	}
-	headerSize := proto.Size(header)
+	headerSize := proto.Size(partHeader(r, math.MaxInt32, math.MaxInt32)) // the widest varints
 	budget := b.cfg.MaxMessageBytes - len(r.GetRegion()) - recordOverhead - headerSize
 	// Greedy packing: each part gets as many consecutive keys as fit.
 	var bounds []int // end index of each part's keys
@@ -371,15 +375,7 @@ func (b *Bus) encodeKeys(r *quotientv1.UsageReport, keys keySource) ([]kafka.Mes
 	headers := keyPartHeaders(r.GetKeyPart(), r.GetKeyParts())
 	lo := 0
 	for i, hi := range bounds {
-		part := &quotientv1.UsageReport{
-			Region: r.GetRegion(), Epoch: r.GetEpoch(), EpochMs: r.GetEpochMs(), Seq: r.GetSeq(),
-			SentUnixMs: r.GetSentUnixMs(), Heard: r.GetHeard(),
-			StartedEpoch: r.GetStartedEpoch(), Relayed: r.GetRelayed(),
-			KeyPart: r.GetKeyPart(), KeyParts: r.GetKeyParts(),
-			BaseEpoch: r.GetBaseEpoch(), DeltaEpochMs: r.GetDeltaEpochMs(), AcceptsDelta: r.GetAcceptsDelta(),
-			Part: int32(i), Parts: int32(len(bounds)),
-		}
-		v, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, 0, headerSize+sizes[i]), part)
+		v, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, 0, headerSize+sizes[i]), partHeader(r, int32(i), int32(len(bounds))))
 		for j := lo; j < hi && err == nil; j++ {
 			v, err = keys.entry(v, j)
 		}
