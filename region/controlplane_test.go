@@ -356,6 +356,10 @@ func TestReplicasLeaderKill(t *testing.T) {
 	// can reach Kafka while the replica, its context cancelled, never
 	// learns it did (CI saw eu-b's last epoch on Kafka, marked
 	// unpublished). Every other epoch is published, and exactly once.
+	// eu-b may also have been publishing the epoch after its last
+	// observed one when stopped: Run ends without observing a publication
+	// in flight (Driver.publishReport), which may land all the same (CI
+	// saw that epoch on Kafka).
 	cutOff := func(by string, e int64) bool { return (by == "eu-a" && e == lastA) || (by == "eu-b" && e == lastB) }
 	published := map[int64]bool{}
 	for _, c := range list {
@@ -377,7 +381,7 @@ func TestReplicasLeaderKill(t *testing.T) {
 	}
 	for e, n := range onKafka {
 		assert.Equal(t, 1, n, "epoch %d: one report", e)
-		assert.True(t, published[e] || e == lastA || e == lastB, "epoch %d on Kafka was published by a replica", e)
+		assert.True(t, published[e] || e == lastA || e == lastB || e == lastB+1, "epoch %d on Kafka was published by a replica", e)
 	}
 	t.Logf("%d epochs collected (eu-a from %d, eu-b from %d), %d reports", len(list), firstOf["eu-a"], firstOf["eu-b"], len(onKafka))
 }

@@ -43,10 +43,13 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// TestThreeCoordinators runs three coordinators (1 s epochs) on loopback
+// TestThreeCoordinators runs three coordinators (2 s epochs) on loopback
 // Redis servers and one kfake broker: each hears the others (regions alive
 // 3, decisions in mode grow), serves /metrics and /healthz, and stops
-// gracefully when its context is cancelled.
+// gracefully when its context is cancelled. (With 1 s epochs, a 500 ms
+// max-wait and the race detector beside two other packages' tests, CI saw
+// 30 s without one timely complete view: a grow decision must come within
+// the epoch after the one decided.)
 func TestThreeCoordinators(t *testing.T) {
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(t, err)
@@ -61,8 +64,8 @@ func TestThreeCoordinators(t *testing.T) {
 	for _, name := range names {
 		srv := redistest.StartServer(t)
 		cfg := region.DefaultConfig()
-		cfg.Region, cfg.Regions, cfg.Epoch = name, names, time.Second
-		cfg.MaxWait, cfg.CollectDelay = 500*time.Millisecond, 200*time.Millisecond
+		cfg.Region, cfg.Regions, cfg.Epoch = name, names, 2*time.Second
+		cfg.MaxWait, cfg.CollectDelay = time.Second, 400*time.Millisecond
 		cfg.RedisAddrs, cfg.KafkaBrokers = []string{srv.Addr()}, kc.ListenAddrs()
 		cfg.Listen, cfg.Policies = "127.0.0.1:0", policies(t)
 		c, err := region.New(cfg)
@@ -81,7 +84,7 @@ func TestThreeCoordinators(t *testing.T) {
 		rs = append(rs, r)
 	}
 
-	deadline := time.Now().Add(wait)
+	deadline := time.Now().Add(2 * wait) // 30 epochs
 	for _, r := range rs {
 		for {
 			alive := mustGauge(t, r.c, "quotient_coordinator_regions_alive").value()
