@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/quotientlabs/quotient/shares"
@@ -74,23 +73,25 @@ func (c *Core) Adopt(now time.Time, records []ShareRecord) ([]Update, error) {
 		if !ok {
 			continue
 		}
-		st := &c.st[c.hold(r.Key, e)]
+		st := c.st.at(c.hold(r.Key, e))
 		short := lim.AboveDefault(r.Share)
-		st.share, st.claim, st.known, st.synced, st.record, st.short = r.Share, r.Share, true, true, true, short
+		st.share, st.claim = r.Share, r.Share
+		st.set(kfKnown|kfSynced|kfRecord, true)
+		st.set(kfShort, short)
 		// writtenAt as the record's expiry says (record's rule), so it is
 		// refreshed when a record written then would be; no expiry: at once.
 		switch {
 		case r.ExpireAt.IsZero():
-			st.writtenAt = math.MinInt64 / 2
+			st.written = writtenLongAgo
 		case short:
-			st.writtenAt = EpochOf(r.ExpireAt, c.cfg.Epoch) - c.recordEpochs()
+			c.setWrittenAt(st, EpochOf(r.ExpireAt, c.cfg.Epoch)-c.recordEpochs())
 		default:
-			st.writtenAt = EpochOf(r.ExpireAt, c.cfg.Epoch) - c.cfg.IdleTTLEpochs
+			c.setWrittenAt(st, EpochOf(r.ExpireAt, c.cfg.Epoch)-c.cfg.IdleTTLEpochs)
 		}
 		if r.Share == lim.Default() {
 			// A record at the default is the default: delete it at the
 			// first decision (equal enforcement either way).
-			st.synced = false
+			st.set(kfSynced, false)
 		}
 		// A record below the default must not expire while claimed (expiry
 		// raises it to the default); a record above it may (it falls).

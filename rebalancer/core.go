@@ -44,7 +44,8 @@ type Core struct {
 	restart    int64 // epoch this Core warms up from (firstEpoch, or after a revoked StartFresh)
 
 	tab    *keyTable  // every key held or mentioned by a stored report, by index (keytable.go)
-	st     []keyState // by key index; valid where held
+	st     stateTable // by key index; valid where held (keystate.go)
+	wbase  int64      // the epoch keyState.written counts from
 	refs   []int32    // by key index: how many stored reports mention the key
 	nheld  int        // keys held
 	order  []int32    // the keys held, sorted, as of the last tidy (some maybe gone)
@@ -70,23 +71,6 @@ type Core struct {
 	lcLim  shares.Limit
 	lcRes  uint8 // 0 found and valid, 1 unknown, 2 invalid
 	lookup bool  // lineOf searches a report's lines instead of its index (tests compare both ways)
-}
-
-// keyState is this region's state for one key, in Core.st at the key's
-// index. It holds no pointer, so the garbage collector does not scan the
-// states.
-type keyState struct {
-	smoothed  int64        // smoothed demand, milli cost units per second
-	share     shares.Share // enforced now; valid when known
-	claim     shares.Share // the claim of the last report (share when it was published); valid when known
-	want      shares.Share // want published in the pending report
-	writtenAt int64        // epoch of the decision that last wrote it
-	known     bool         // share has been set (else it is the default)
-	synced    bool         // this Core wrote (or knows) the record
-	record    bool         // a record (not the default) is written
-	short     bool         // the record is above the default (short lifetime)
-	held      bool         // the Core holds state for the key (else the other fields are unused)
-	listed    bool         // the index is in Core.order or Core.added
 }
 
 // epochUse is one key's usage of the epoch being collected, by key index
@@ -286,7 +270,7 @@ func (c *Core) Keys() int { return c.nheld }
 // Core has a share for it (false: the default applies).
 func (c *Core) Share(k Key) (shares.Share, bool) {
 	st := c.held(k)
-	if st == nil || !st.known {
+	if st == nil || !st.is(kfKnown) {
 		return shares.Share{}, false
 	}
 	return st.share, true
@@ -418,14 +402,14 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		u := &usage[n]
 		i := int32(-1)
 		for d := range 2 {
-			if next+d < len(hint) && c.st[hint[next+d]].held && c.tab.is(hint[next+d], u.Key) {
+			if next+d < len(hint) && c.st.at(hint[next+d]).is(kfHeld) && c.tab.is(hint[next+d], u.Key) {
 				i, next = hint[next+d], next+d+1
 				break
 			}
 		}
 		if i < 0 {
 			j, ok := c.tab.find(u.Key)
-			if !ok || !c.st[j].held {
+			if !ok || !c.st.at(j).is(kfHeld) {
 				seen[n] = -1
 				fresh = append(fresh, n)
 				continue
@@ -438,7 +422,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 	for _, n := range fresh {
 		u := &usage[n]
 		i, ok := c.tab.find(u.Key)
-		if !ok || !c.st[i].held {
+		if !ok || !c.st.at(i).is(kfHeld) {
 			if _, ok := c.limit(u.PolicyID); !ok {
 				continue
 			}
@@ -479,7 +463,7 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 	}
 	// In key order, so that the report and the updates come out sorted.
 	for _, i := range c.tidy() {
-		k, st := c.tab.key(i), &c.st[i]
+		k, st := c.tab.key(i), c.st.at(i)
 		var u epochUse
 		if int(i) < len(use) {
 			u = use[i]
@@ -507,9 +491,10 @@ func (c *Core) collect(now time.Time, usage []Usage, kind usageKind) (Published,
 		if !ok {
 			continue
 		}
-		if !st.known {
-			st.share, st.claim, st.known = lim.Default(), lim.Default(), true
-		} else if st.synced && !st.record {
+		if !st.is(kfKnown) {
+			st.share, st.claim = lim.Default(), lim.Default()
+			st.set(kfKnown, true)
+		} else if st.is(kfSynced) && !st.is(kfRecord) {
 			// No record: the gateways enforce the default of the limit
 			// in force, which moves with the limit (package doc, Policies).
 			st.share = lim.Default()
@@ -876,7 +861,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			continue
 		}
 		for j := range s.mentions() {
-			if c.st[j].held {
+			if c.st.at(j).is(kfHeld) {
 				continue
 			}
 			if _, ok := c.limit(c.tab.policy(j)); !ok {
@@ -887,15 +872,16 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 	}
 	// In key order, so that the updates come out sorted.
 	for _, j := range c.tidy() {
-		key, st := c.tab.key(j), &c.st[j]
+		key, st := c.tab.key(j), c.st.at(j)
 		lim, ok := c.keyLimit(key, now)
 		if !ok {
 			c.remove(j)
 			continue
 		}
-		if !st.known {
-			st.share, st.claim, st.known = lim.Default(), lim.Default(), true
-		} else if st.synced && !st.record {
+		if !st.is(kfKnown) {
+			st.share, st.claim = lim.Default(), lim.Default()
+			st.set(kfKnown, true)
+		} else if st.is(kfSynced) && !st.is(kfRecord) {
 			st.share = lim.Default() // package doc, Policies
 		}
 		in := c.inputs(j, st, lim, m, false)
@@ -926,11 +912,12 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			st.want = shares.Share{} // (kept for a second decision)
 		}
 		def := lim.Default()
-		refresh := st.record && (st.short && m >= st.writtenAt+c.recordEpochs()-2 || !st.short && m >= st.writtenAt+c.cfg.IdleTTLEpochs/2)
+		w := c.writtenAt(st)
+		refresh := st.is(kfRecord) && (st.is(kfShort) && m >= w+c.recordEpochs()-2 || !st.is(kfShort) && m >= w+c.cfg.IdleTTLEpochs/2)
 		// During warm-up nothing is written: records of a previous
 		// coordinator may still be counted by the others at its last
 		// claims, and any write (even the default) could raise them.
-		if !warm && (next != st.share || !st.synced || refresh) {
+		if !warm && (next != st.share || !st.is(kfSynced) || refresh) {
 			d.Updates = append(d.Updates, c.record(key, st, lim, next, m))
 		}
 		if !warm {
@@ -943,7 +930,7 @@ func (c *Core) decide(now time.Time, late bool) Decision {
 			// before, not once a majority keeps growing.)
 			st.share = next
 		}
-		if st.share == def && !st.record && st.smoothed == 0 && st.synced {
+		if st.share == def && !st.is(kfRecord) && st.smoothed == 0 && st.is(kfSynced) {
 			c.remove(j) // idle at the default: no state needed
 		}
 	}
@@ -985,7 +972,10 @@ func (c *Core) record(key Key, st *keyState, lim shares.Limit, next shares.Share
 	default:
 		u.ExpireAt = EpochStart(d+c.cfg.IdleTTLEpochs, c.cfg.Epoch)
 	}
-	st.synced, st.record, st.writtenAt, st.short = true, !u.Delete, d, lim.AboveDefault(next)
+	st.set(kfSynced, true)
+	st.set(kfRecord, !u.Delete)
+	st.set(kfShort, lim.AboveDefault(next))
+	c.setWrittenAt(st, d)
 	return u
 }
 
@@ -1099,17 +1089,17 @@ func (c *Core) ownLine(s *stored, j int32) int {
 // pointer is valid until a key is next held.
 func (c *Core) held(k Key) *keyState {
 	j, ok := c.tab.find(k)
-	if !ok || !c.st[j].held {
+	if !ok || !c.st.at(j).is(kfHeld) {
 		return nil
 	}
-	return &c.st[j]
+	return c.st.at(j)
 }
 
 // all yields every key held and its state.
 func (c *Core) all() iter.Seq2[Key, *keyState] {
 	return func(yield func(Key, *keyState) bool) {
-		for j := range c.st {
-			if st := &c.st[j]; st.held && !yield(c.tab.key(int32(j)), st) {
+		for j := range c.st.n {
+			if st := c.st.at(int32(j)); st.is(kfHeld) && !yield(c.tab.key(int32(j)), st) {
 				return
 			}
 		}
@@ -1119,10 +1109,7 @@ func (c *Core) all() iter.Seq2[Key, *keyState] {
 // grow sizes the per-index slices for every index of the key table.
 func (c *Core) grow() {
 	n := c.tab.size()
-	if old := len(c.st); n > old {
-		c.st = slices.Grow(c.st, n-old)[:n]
-		clear(c.st[old:])
-	}
+	c.st.grow(n)
 	if old := len(c.refs); n > old {
 		c.refs = slices.Grow(c.refs, n-old)[:n]
 		clear(c.refs[old:])
@@ -1145,8 +1132,10 @@ func (c *Core) hold(k Key, m int64) int32 {
 // record: a key it has no state for has none.
 func (c *Core) holdIndex(j int32, m int64) {
 	synced := c.adopted || c.started && m >= c.restart+c.cfg.IdleTTLEpochs
-	listed := c.st[j].listed
-	c.st[j] = keyState{synced: synced, held: true, listed: true}
+	st := c.st.at(j)
+	listed := st.is(kfListed)
+	*st = keyState{flags: kfHeld | kfListed}
+	st.set(kfSynced, synced)
 	if !listed {
 		c.added = append(c.added, j)
 	}
@@ -1155,7 +1144,8 @@ func (c *Core) holdIndex(j int32, m int64) {
 
 // remove lets the state of the key of index j go.
 func (c *Core) remove(j int32) {
-	c.st[j] = keyState{listed: c.st[j].listed}
+	st := c.st.at(j)
+	*st = keyState{flags: st.flags & kfListed}
 	c.nheld--
 	c.gone++
 }
@@ -1173,7 +1163,7 @@ func (c *Core) drop(s *stored) {
 // release gives the index j back to the key table when nothing uses it:
 // no state held, not listed in the order, no stored report mentions it.
 func (c *Core) release(j int32) {
-	if st := &c.st[j]; !st.held && !st.listed && c.refs[j] == 0 {
+	if st := c.st.at(j); !st.is(kfHeld) && !st.is(kfListed) && c.refs[j] == 0 {
 		c.tab.release(j)
 	}
 }
@@ -1196,7 +1186,7 @@ func (c *Core) tidy() []int32 {
 	cmp := func(a, b int32) int { return compareKeys(c.tab.key(a), c.tab.key(b)) }
 	var dropped []int32
 	c.added = slices.DeleteFunc(c.added, func(j int32) bool {
-		if !c.st[j].held {
+		if !c.st.at(j).is(kfHeld) {
 			dropped = append(dropped, j)
 			return true
 		}
@@ -1206,7 +1196,7 @@ func (c *Core) tidy() []int32 {
 	out := make([]int32, 0, len(c.order)+len(c.added))
 	i := 0
 	for _, j := range c.order {
-		if !c.st[j].held {
+		if !c.st.at(j).is(kfHeld) {
 			dropped = append(dropped, j)
 			continue
 		}
@@ -1219,7 +1209,7 @@ func (c *Core) tidy() []int32 {
 	out = append(out, c.added[i:]...)
 	c.order, c.added, c.gone = out, c.added[:0], 0
 	for _, j := range dropped {
-		c.st[j].listed = false
+		c.st.at(j).set(kfListed, false)
 		c.release(j)
 	}
 	return c.order

@@ -72,6 +72,6 @@ func (c *Core) receiveOwn(r *Report) {
 	// claims the default for every key and writes each once.
 	c.restart = max(c.published, r.Epoch) + 1
 	for _, st := range c.all() {
-		st.known, st.synced = false, false
+		st.set(kfKnown|kfSynced, false)
 	}
 }

@@ -314,11 +314,12 @@ func (c *Core) keyFor(k Key, now time.Time) (*keyState, shares.Limit, bool) {
 	}
 	st := c.held(k)
 	if st == nil {
-		st = &c.st[c.hold(k, c.published)]
+		st = c.st.at(c.hold(k, c.published))
 	}
-	if !st.known {
-		st.share, st.claim, st.known = lim.Default(), lim.Default(), true
-	} else if st.synced && !st.record {
+	if !st.is(kfKnown) {
+		st.share, st.claim = lim.Default(), lim.Default()
+		st.set(kfKnown, true)
+	} else if st.is(kfSynced) && !st.is(kfRecord) {
 		st.share = lim.Default() // no record: the default of the limit in force
 	}
 	return st, lim, true
@@ -371,7 +372,7 @@ func (c *Core) Pressure(now time.Time, pressure []Pressure) *Ask {
 			continue
 		}
 		share := lim.Default()
-		if st := c.held(p.Key); st != nil && st.known && !(st.synced && !st.record) {
+		if st := c.held(p.Key); st != nil && st.is(kfKnown) && !(st.is(kfSynced) && !st.is(kfRecord)) {
 			share = st.share
 		}
 		lo := max(p.DemandMilli-askNoise(p.DemandMilli), 0)
