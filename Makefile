@@ -89,11 +89,14 @@ bench-rls:
 ## and 1M active keys: wall and CPU per phase, memory per key, Kafka bytes, the
 ## longest Redis command; every share changing (BenchmarkEpochScale; about 8
 ## minutes, over 2.6 GB), then nothing changing, averaged over a full-report cycle
-## of 6 epochs (BenchmarkEpochScaleQuiet; about 5 minutes); under the machine-wide
-## benchmark lock
+## of 6 epochs (BenchmarkEpochScaleQuiet; about 5 minutes), and the quiet 1M epoch
+## again with redis-server pinned to CPU 0 and the coordinator to CPU 1, so that
+## SLOWLOG and the gateway probe measure Redis and not the two taking each
+## other's core (about 3 minutes); under the machine-wide benchmark lock
 bench-scale: deps
 	QUOTIENT_BENCH_1M=1 flock /tmp/quotient-deployed.lock $(GO) test -run '^$$' -bench '^BenchmarkEpochScale$$' -benchtime 2x -timeout 60m ./rebalancer/
 	QUOTIENT_BENCH_1M=1 flock /tmp/quotient-deployed.lock $(GO) test -run '^$$' -bench '^BenchmarkEpochScaleQuiet$$' -benchtime 6x -timeout 60m ./rebalancer/
+	QUOTIENT_BENCH_1M=1 QUOTIENT_BENCH_REDIS_CPUS=0 flock /tmp/quotient-deployed.lock taskset -c 1 $(GO) test -run '^$$' -bench '^BenchmarkEpochScaleQuiet$$/^keys=1M$$' -benchtime 6x -timeout 60m ./rebalancer/
 
 ## simulate: the standard scenario suite in virtual time; prints the accuracy table
 simulate:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -65,7 +64,7 @@ func storeCheck(l *Limiter, i int) error {
 func benchClient(tb testing.TB) *redis.Client {
 	srv := redistest.StartServer(tb)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers, ContextTimeoutEnabled: true})
-	pinRedis(tb, client)
+	srv.PinFromEnv(tb) // redistest.PinCPUsEnv, set by scripts/bench-limiter.sh
 	return client
 }
 
@@ -84,33 +83,6 @@ func benchPipelineConfig(tb testing.TB) PipelineConfig {
 		cfg.Workers, cfg.MaxQueue = w, w*cfg.MaxBatch
 	}
 	return cfg
-}
-
-// benchRedisCPUsEnv, when set (to a taskset CPU list such as "0"), pins
-// the benchmarks' redis-server to those CPUs; scripts/bench-limiter.sh
-// sets it and runs the benchmark itself on the other core (taskset -c 1),
-// so that Redis and its callers do not share a core.
-const benchRedisCPUsEnv = "QUOTIENT_BENCH_REDIS_CPUS"
-
-// pinRedis pins the server behind client to the CPUs of
-// QUOTIENT_BENCH_REDIS_CPUS (nothing when unset), with taskset on the pid
-// the server reports (INFO server: process_id).
-func pinRedis(tb testing.TB, client *redis.Client) {
-	cpus := os.Getenv(benchRedisCPUsEnv)
-	if cpus == "" {
-		return
-	}
-	info, err := client.Info(context.Background(), "server").Result()
-	require.NoError(tb, err)
-	var pid string
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
-			pid = v
-		}
-	}
-	require.NotEmpty(tb, pid, "INFO server has no process_id")
-	out, err := exec.Command("taskset", "-a", "-pc", cpus, pid).CombinedOutput()
-	require.NoError(tb, err, "%s=%s: taskset: %s", benchRedisCPUsEnv, cpus, out)
 }
 
 // runParallel runs n calls of fn spread over benchCallers goroutines and

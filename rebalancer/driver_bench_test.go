@@ -100,7 +100,11 @@ func BenchmarkEpoch100kKeys(b *testing.B) {
 // of the measured epochs only (not the untimed setup) of the last size run;
 // QUOTIENT_BENCH_COREHEAP=FILE a heap profile taken after them, while the
 // Core is still held (its inuse_space is what core-B/key measures, with
-// whatever else the test process holds).
+// whatever else the test process holds). With QUOTIENT_BENCH_REDIS_CPUS
+// (redistest.PinCPUsEnv) set to "0" and the test under taskset -c 1,
+// redis-server has a core of its own, so that SLOWLOG and the probe
+// measure Redis rather than the coordinator taking its CPU (make
+// bench-scale runs the quiet epoch that way too).
 // Run with -benchtime 2x and under the machine-wide benchmark lock.
 func BenchmarkEpochScale(b *testing.B) {
 	benchScale(b, 2)
@@ -191,6 +195,7 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	defer func() { stop(); <-done }()
 
 	srv := redistest.StartServer(b)
+	srv.PinFromEnv(b) // redistest.PinCPUsEnv: redis-server on its own core (run the test on the other)
 	client := srv.Client()
 	require.NoError(b, client.ConfigSet(ctx, "slowlog-log-slower-than", "100").Err())
 	require.NoError(b, client.ConfigSet(ctx, "slowlog-max-len", "100000").Err())

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -168,3 +170,30 @@ func (h *PipelineCPU) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 
 var _ redis.Hook = (*PipelineCPU)(nil)
+
+// PinCPUsEnv names the environment variable that, when set to a taskset
+// CPU list such as "0", makes PinFromEnv pin a benchmark's redis-server to
+// those CPUs; the benchmark itself then runs on the others (taskset -c 1),
+// so that Redis and its callers do not take each other's core.
+const PinCPUsEnv = "QUOTIENT_BENCH_REDIS_CPUS"
+
+// PinFromEnv pins every thread of the server to the CPUs of PinCPUsEnv
+// with taskset, and does nothing when it is unset. It fails the test when
+// taskset fails (a bad CPU list, no taskset). Safe for concurrent use; the
+// server must be running.
+func (s *Server) PinFromEnv(tb testing.TB) {
+	cpus := os.Getenv(PinCPUsEnv)
+	if cpus == "" {
+		return
+	}
+	s.mu.Lock()
+	proc := s.proc
+	s.mu.Unlock()
+	if proc == nil {
+		tb.Fatalf("redistest: redis-server %s is stopped", s.addr)
+	}
+	out, err := exec.Command("taskset", "-a", "-pc", cpus, strconv.Itoa(proc.cmd.Process.Pid)).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("redistest: %s=%s: taskset: %v: %s", PinCPUsEnv, cpus, err, out)
+	}
+}
