@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -90,9 +89,10 @@ func BenchmarkEpoch100kKeys(b *testing.B) {
 //     with only the probe running), "read" (the coordinator reading
 //     usage), "coordinator" (its CPU-only phases), "write" (its share
 //     writes) and "flush" (the setup's usage flushes, 100,000 counts a
-//     pipeline, heavier than gateways' flushes). The probe runs in the
-//     benchmark's process, so its latency also includes waiting for a CPU
-//     while the coordinator computes.
+//     pipeline, heavier than gateways' flushes). The probe runs in a
+//     process of its own (startProbe), as a gateway does, on redis-server's
+//     CPUs when they are pinned, so that it does not wait for the
+//     coordinator's CPU or its garbage collector.
 //
 // The million-key size takes minutes and several GB of memory, so it runs
 // only with QUOTIENT_BENCH_1M=1 (make bench-scale); without it it is
@@ -104,7 +104,9 @@ func BenchmarkEpoch100kKeys(b *testing.B) {
 // (redistest.PinCPUsEnv) set to "0" and the test under taskset -c 1,
 // redis-server has a core of its own, so that SLOWLOG and the probe
 // measure Redis rather than the coordinator taking its CPU (make
-// bench-scale runs the quiet epoch that way too).
+// bench-scale runs the quiet epoch that way too); the gateway probe's
+// process then shares the coordinator's core unless
+// QUOTIENT_BENCH_PROBE_CPUS (probeCPUsEnv) places it elsewhere.
 // Run with -benchtime 2x and under the machine-wide benchmark lock.
 func BenchmarkEpochScale(b *testing.B) {
 	benchScale(b, 2)
@@ -283,7 +285,7 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 			require.NoError(b, ad.Publish(ctx, r))
 		}
 		// Between collections: a second with only the gateway probe.
-		pr.phase.Store(probeBetween)
+		pr.setPhase(probeBetween)
 		time.Sleep(time.Second)
 		return usageMem
 	}
@@ -312,11 +314,11 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		t0, err := srv.MainThreadTimes(ctx)
 		require.NoError(b, err)
 		tick(0)
-		pr.phase.Store(probeRead)
+		pr.setPhase(probeRead)
 		usage, err := src.Usage(ctx, m)
 		require.NoError(b, err)
 		require.Equal(b, nkeys, len(usage))
-		pr.phase.Store(probeCoordinator)
+		pr.setPhase(probeCoordinator)
 		tick(1)
 		pub, err := core.Collect(now, usage)
 		require.NoError(b, err)
@@ -325,9 +327,9 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		tick(2)
 		// The driver writes the shares given up at collection before
 		// publishing the report that claims them.
-		pr.phase.Store(probeWrite)
+		pr.setPhase(probeWrite)
 		require.NoError(b, sink.Write(ctx, pub.Updates))
-		pr.phase.Store(probeCoordinator)
+		pr.setPhase(probeCoordinator)
 		tick(3)
 		want := 2 // the two other regions' reports
 		lastDelta = pub.Report != nil && pub.Report.Base > 0 && len(pub.Report.Keys) == 0
@@ -352,9 +354,9 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 		d, err := core.Decide(now)
 		require.NoError(b, err)
 		tick(6)
-		pr.phase.Store(probeWrite)
+		pr.setPhase(probeWrite)
 		require.NoError(b, sink.Write(ctx, d.Updates))
-		pr.phase.Store(probeFlush) // the next epoch's setup: the gateways' usage flushes
+		pr.setPhase(probeFlush) // the next epoch's setup: the gateways' usage flushes
 		tick(7)
 		// Outside every phase: the measurement's own conversion (it
 		// was inside publish until session 22, a third of it at 1M).
@@ -516,88 +518,6 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 // BenchmarkEpochScaleQuiet: 50/s, half the default share of benchEpoch's
 // limit (300/s over 3 regions).
 const quietDemand = 500
-
-// Phases of the gateway probe (benchEpoch): between collections (only
-// the probe), the coordinator reading usage, its CPU-only phases
-// (collect, publish, consume, decide), its share writes, and the
-// benchmark's setup of the next epoch (the gateways' usage flushes).
-const (
-	probeBetween int32 = iota
-	probeRead
-	probeCoordinator
-	probeWrite
-	probeFlush
-)
-
-var probeNames = []string{"between", "read", "coordinator", "write", "flush"}
-
-// probeClient is the probe's client name (CLIENT SETNAME), by which its
-// own commands are told apart in SLOWLOG.
-const probeClient = "gateway-probe"
-
-// probe is a gateway-like Check loop against redis-server (startProbe).
-type probe struct {
-	phase atomic.Int32
-	mu    sync.Mutex
-	lat   [5][]time.Duration
-	stop  func()
-}
-
-// startProbe starts a limiter on a RedisStore of its own client to addr,
-// checking one API key every 2 ms until stop.
-func startProbe(ctx context.Context, b *testing.B, addr string) *probe {
-	pols, err := limiter.ParsePolicies([]byte(`[{"id": "probe", "subject": "api_key",
-		"algorithm": "token_bucket", "rate_per_sec": 1000000, "burst": 1000000}]`))
-	require.NoError(b, err)
-	c := redis.NewClient(&redis.Options{Addr: addr, ClientName: probeClient})
-	l, err := limiter.New(limiter.Config{Store: limiter.NewRedisStore(c), Deadline: time.Minute,
-		Breaker: limiter.BreakerConfig{Disabled: true}}, pols)
-	require.NoError(b, err)
-	p := &probe{}
-	p.phase.Store(probeFlush)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		subj := limiter.Subject{Kind: limiter.SubjectAPIKey, Value: "probe"}
-		tk := time.NewTicker(2 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tk.C:
-			}
-			t0 := time.Now()
-			_, err := l.Allow(ctx, subj, pols...)
-			d := time.Since(t0)
-			if err != nil {
-				continue // the benchmark is ending
-			}
-			ph := p.phase.Load()
-			p.mu.Lock()
-			p.lat[ph] = append(p.lat[ph], d)
-			p.mu.Unlock()
-		}
-	}()
-	p.stop = func() { cancel(); <-done; _ = c.Close() }
-	return p
-}
-
-func (p *probe) reset() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.lat = [5][]time.Duration{}
-}
-
-// latencies returns the latencies of phase ph, sorted.
-func (p *probe) latencies(ph int32) []time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := slices.Clone(p.lat[ph])
-	slices.Sort(out)
-	return out
-}
 
 // redisMemory returns redis-server's used_memory (INFO memory), bytes.
 func redisMemory(ctx context.Context, b *testing.B, c *redis.Client) int64 {
