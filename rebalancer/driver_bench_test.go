@@ -207,7 +207,7 @@ func benchEpoch(b *testing.B, nkeys, period int) {
 	flushClient := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: time.Minute, WriteTimeout: time.Minute})
 	defer flushClient.Close()
 	gw := limiter.NewRedisUsageSink(flushClient, 0, epoch, 100)
-	src, sink := redisio.NewSource(client, 0), redisio.NewSink(client, 0)
+	src, sink := redisio.NewSource(client, 0), benchSink(client)
 
 	lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 3}
 	cfg := rebalancer.DefaultConfig()

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotientlabs/quotient/limiter"
+	"github.com/quotientlabs/quotient/rebalancer/redisio"
 )
 
 // Phases of the gateway probe (benchEpoch): between collections (only
@@ -243,4 +244,16 @@ func (p *probe) latencies(ph int32) []time.Duration {
 	out := slices.Clone(p.lat[ph])
 	slices.Sort(out)
 	return out
+}
+
+// benchSink is benchEpoch's share sink: redisio.NewSink's defaults, or
+// QUOTIENT_BENCH_SINK_BATCH updates a pipeline and QUOTIENT_BENCH_SINK_WRITERS
+// pipelines in flight when set (to compare them).
+func benchSink(client redis.UniversalClient) *redisio.Sink {
+	batch, _ := strconv.Atoi(os.Getenv("QUOTIENT_BENCH_SINK_BATCH"))
+	s := redisio.NewSink(client, batch)
+	if w, err := strconv.Atoi(os.Getenv("QUOTIENT_BENCH_SINK_WRITERS")); err == nil {
+		s.SetWriters(w)
+	}
+	return s
 }

@@ -118,41 +118,49 @@ func TestSourceUnreachable(t *testing.T) {
 }
 
 // TestSinkBatchesRecordsPerCall: many records, written several per script
-// call (per slot on a cluster), all land with their share and expiry; a
-// key updated twice in one Write ends as the later update says.
+// call (per slot on a cluster) by one writer or several pipelines in
+// flight, all land with their share and expiry; a key updated twice in one
+// Write ends as the later update says.
 func TestSinkBatchesRecordsPerCall(t *testing.T) {
 	for name, c := range clients(t) {
-		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-			defer cancel()
-			sink := redisio.NewSink(c, 300) // several pipelines of several calls
-			exp := time.Now().Add(time.Hour).Truncate(time.Millisecond)
-			subj := func(i int) limiter.Subject {
-				return limiter.Subject{Kind: limiter.SubjectAPIKey, Value: fmt.Sprintf("key %d", i)}
-			}
-			const n = 1000
-			var ups []rebalancer.Update
-			for i := range n {
-				ups = append(ups, rebalancer.Update{Key: rebalancer.Key{PolicyID: "g", Subject: subj(i).Key()},
-					Share: shares.Share{RateMilli: int64(1000 + i), BurstMilli: int64(2000 + i)}, ExpireAt: exp})
-			}
-			// Key 0 set, then deleted; key 1 deleted (no record), then set again.
-			ups = append(ups, rebalancer.Update{Key: ups[0].Key, Delete: true})
-			ups = append([]rebalancer.Update{{Key: ups[1].Key, Delete: true}}, ups...)
-			require.NoError(t, sink.Write(ctx, ups))
-			assert.Zero(t, sink.Skipped())
-			n0, err := c.Exists(ctx, limiter.ShareKey(subj(0), "g")).Result()
-			require.NoError(t, err)
-			assert.Zero(t, n0, "key 0 was deleted after it was set")
-			for i := 1; i < n; i++ {
-				key := limiter.ShareKey(subj(i), "g")
-				h, err := c.HGetAll(ctx, key).Result()
-				require.NoError(t, err)
-				require.Equal(t, map[string]string{"r": fmt.Sprint(1000 + i), "b": fmt.Sprint(2000 + i)}, h, key)
-				at, err := c.PExpireTime(ctx, key).Result()
-				require.NoError(t, err)
-				require.Equal(t, exp.UnixMilli(), at.Milliseconds(), key)
-			}
-		})
+		for _, writers := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/writers=%d", name, writers), func(t *testing.T) {
+				testSinkBatches(t, c, writers)
+			})
+		}
+	}
+}
+
+func testSinkBatches(t *testing.T, c redis.UniversalClient, writers int) {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	sink := redisio.NewSink(c, 100) // several pipelines of several calls
+	sink.SetWriters(writers)
+	exp := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	subj := func(i int) limiter.Subject {
+		return limiter.Subject{Kind: limiter.SubjectAPIKey, Value: fmt.Sprintf("key %d", i)}
+	}
+	const n = 1000
+	var ups []rebalancer.Update
+	for i := range n {
+		ups = append(ups, rebalancer.Update{Key: rebalancer.Key{PolicyID: "g", Subject: subj(i).Key()},
+			Share: shares.Share{RateMilli: int64(1000 + i), BurstMilli: int64(2000 + i)}, ExpireAt: exp})
+	}
+	// Key 0 set, then deleted; key 1 deleted (no record), then set again.
+	ups = append(ups, rebalancer.Update{Key: ups[0].Key, Delete: true})
+	ups = append([]rebalancer.Update{{Key: ups[1].Key, Delete: true}}, ups...)
+	require.NoError(t, sink.Write(ctx, ups))
+	assert.Zero(t, sink.Skipped())
+	n0, err := c.Exists(ctx, limiter.ShareKey(subj(0), "g")).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n0, "key 0 was deleted after it was set")
+	for i := 1; i < n; i++ {
+		key := limiter.ShareKey(subj(i), "g")
+		h, err := c.HGetAll(ctx, key).Result()
+		require.NoError(t, err)
+		require.Equal(t, map[string]string{"r": fmt.Sprint(1000 + i), "b": fmt.Sprint(2000 + i)}, h, key)
+		at, err := c.PExpireTime(ctx, key).Result()
+		require.NoError(t, err)
+		require.Equal(t, exp.UnixMilli(), at.Milliseconds(), key)
 	}
 }
