@@ -581,3 +581,15 @@ func redisCPU(ctx context.Context, b *testing.B, c *redis.Client) time.Duration 
 	}
 	return sum
 }
+
+// benchSink is benchEpoch's share sink: redisio.NewSink's defaults, or
+// QUOTIENT_BENCH_SINK_BATCH updates a pipeline and QUOTIENT_BENCH_SINK_WRITERS
+// pipelines in flight when set (to compare them).
+func benchSink(client redis.UniversalClient) *redisio.Sink {
+	batch, _ := strconv.Atoi(os.Getenv("QUOTIENT_BENCH_SINK_BATCH"))
+	s := redisio.NewSink(client, batch)
+	if w, err := strconv.Atoi(os.Getenv("QUOTIENT_BENCH_SINK_WRITERS")); err == nil {
+		s.SetWriters(w)
+	}
+	return s
+}

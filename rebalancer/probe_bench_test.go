@@ -2,6 +2,7 @@ package rebalancer_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -11,14 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/quotientlabs/quotient/limiter"
-	"github.com/quotientlabs/quotient/rebalancer/redisio"
 )
 
 // Phases of the gateway probe (benchEpoch): between collections (only
@@ -116,7 +115,7 @@ type probe struct {
 	marks []probeMark // phase changes, in order
 	since int64       // unix ns of the last reset: earlier checks are dropped
 	lat   [5][]time.Duration
-	bad   atomic.Value // first unparsable line (error)
+	bad   error // the first unparsable line
 	stop  func()
 }
 
@@ -165,7 +164,9 @@ func startProbe(ctx context.Context, b *testing.B, addr string) *probe {
 		for sc.Scan() {
 			end, dur, err := parseProbeLine(sc.Text())
 			if err != nil {
-				p.bad.CompareAndSwap(nil, err)
+				p.mu.Lock()
+				p.bad = cmp.Or(p.bad, err)
+				p.mu.Unlock()
 				continue
 			}
 			p.file(end, dur)
@@ -177,8 +178,8 @@ func startProbe(ctx context.Context, b *testing.B, addr string) *probe {
 		if err := cmd.Wait(); err != nil && ctx.Err() == nil {
 			b.Errorf("gateway probe: %v", err)
 		}
-		if err, ok := p.bad.Load().(error); ok {
-			b.Errorf("gateway probe: %v", err)
+		if p.bad != nil { // the reader is done
+			b.Errorf("gateway probe: %v", p.bad)
 		}
 	}
 	return p
@@ -244,16 +245,4 @@ func (p *probe) latencies(ph int32) []time.Duration {
 	out := slices.Clone(p.lat[ph])
 	slices.Sort(out)
 	return out
-}
-
-// benchSink is benchEpoch's share sink: redisio.NewSink's defaults, or
-// QUOTIENT_BENCH_SINK_BATCH updates a pipeline and QUOTIENT_BENCH_SINK_WRITERS
-// pipelines in flight when set (to compare them).
-func benchSink(client redis.UniversalClient) *redisio.Sink {
-	batch, _ := strconv.Atoi(os.Getenv("QUOTIENT_BENCH_SINK_BATCH"))
-	s := redisio.NewSink(client, batch)
-	if w, err := strconv.Atoi(os.Getenv("QUOTIENT_BENCH_SINK_WRITERS")); err == nil {
-		s.SetWriters(w)
-	}
-	return s
 }
