@@ -42,6 +42,14 @@ type policySet struct {
 	limits    atomic.Pointer[rebalancer.PolicyMap]
 	overrides atomic.Pointer[map[subjectKey]overrideLimit]
 
+	// refreshMu makes refreshes one at a time: the admin API's and the
+	// policy-log follower's run concurrently, and one that read the
+	// catalog before the other's write must not store its older view
+	// after the newer one (TestAdminWriteReachesTheShares saw the first
+	// write missing when the PUT returned, once in a run of the region
+	// tests).
+	refreshMu sync.Mutex
+
 	mu      sync.Mutex
 	windows string        // signature of the replicated fixed windows
 	changed chan struct{} // capacity 1: the replicated fixed windows changed
@@ -135,9 +143,13 @@ func (p *policySet) windowPolicies() []dailyquota.Policy {
 	return dqredis.Policies(p.current())
 }
 
-// refresh recomputes the limits and signals a change of the replicated
-// fixed windows on changed.
+// refresh recomputes the limits from the catalog as it is now and signals
+// a change of the replicated fixed windows on changed. Safe for concurrent
+// use: refreshes run one at a time, so the last to finish read the newest
+// catalog.
 func (p *policySet) refresh() {
+	p.refreshMu.Lock()
+	defer p.refreshMu.Unlock()
 	cur := p.current()
 	limits, _ := GlobalLimits(cur, p.regions)
 	p.limits.Store(&limits)
