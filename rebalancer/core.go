@@ -164,8 +164,9 @@ type Stats struct {
 	// collection.
 	IncompleteUsage int64
 	// Transfers between decisions (see Config.Transfers).
-	Asks          int64 // asks returned by Pressure
+	Asks          int64 // asks returned by Pressure and Reask
 	AskedKeys     int64 // keys in those asks
+	Reasks        int64 // of those asks, the ones Reask returned
 	Gives         int64 // gives returned by ReceiveAsk
 	GivenKeys     int64 // keys in those gives
 	Accepted      int64 // gives accepted by ReceiveGive (some key raised)

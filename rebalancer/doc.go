@@ -370,7 +370,11 @@
 //     (demand - 3*sqrt(demand units)) * headroom exceeds the share by the
 //     ask threshold; at most every AskInterval/2, three times per period without a
 //     gift (twice after a period of unanswered asks), never for a key the region gave in the period, never in
-//     fallback or warm-up. Asks change no share.
+//     fallback or warm-up. In the first two AskIntervals of a key's run
+//     of pressure an ask that got no gift is repeated once, AskInterval/2
+//     later (Core.Reask: a giver refuses in silence, e.g. while its own
+//     gateways' last flush still shows rejections), so a shift sends at
+//     most two more. Asks change no share.
 //   - Give{From, To, ID, Transfer = T = the giver's period + 1, Amounts}.
 //     Only for an ask of the giver's own period, not in fallback or
 //     warm-up, for a key the giver's gateways do not reject, with spare =
@@ -439,7 +443,7 @@
 // leaves x unused until the next decision hands it out again (the giver's
 // report of T no longer claims it); a duplicated ask is answered once
 // (the giver does not give the same key to the same asker within
-// AskInterval/2); a lost ask is asked again after AskInterval. Crashes: a
+// AskInterval/4); a lost ask is asked again after AskInterval. Crashes: a
 // giver that wrote and died before publishing lost x the same way; a
 // receiver that accepted and died is silent with its raised record
 // expiring as above, and a restarted Core is in warm-up (no report, in
@@ -465,9 +469,9 @@
 // check, the decision's adjustment or the claim bound of the keep makes
 // them fail.
 //
-// Cost: an ask or a give is one message per region and pressure poll,
-// listing the keys; a shift of one key costs a few of each (the
-// simulator's counts are in the README).
+// Cost: an ask or a give is one message per region and pressure poll
+// (and an ask's one repeat), listing the keys; a shift of one key costs a
+// few of each (the simulator's counts are in the README).
 //
 // # Incomplete usage (a gateway's usage key limit)
 //

@@ -423,9 +423,15 @@ func (d *Driver) Run(ctx context.Context) error {
 			d.pressure(ctx, now, &tr)
 			now = d.clock.Now()
 		}
+		if d.reaskDue(&tr, now) {
+			d.reask(&tr, now)
+		}
 		wake := nextCollect
 		if tr.in != nil {
 			wake = earliest(wake, tr.next)
+			if at := d.core.ReaskAt(); !at.IsZero() {
+				wake = earliest(wake, at)
+			}
 		}
 		if _, ok := d.core.Pending(); ok {
 			wake = earliest(wake, d.core.Deadline())

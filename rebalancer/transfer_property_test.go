@@ -107,9 +107,9 @@ func (c *cluster) pressure(keys []Key) []Pressure {
 	return out
 }
 
-// transferTick runs one round of asks and gives at now: regions read their
-// pressure and ask; due asks and gives are delivered in random order and
-// answered; every write is applied to the store, and the enforced sum is
+// transferTick runs one round of asks and gives at now: regions repeat
+// their last ask (Core.Reask), read their pressure and ask; due asks and
+// gives are delivered in random order and answered; every write is applied to the store, and the enforced sum is
 // checked after each (c.apply).
 func (c *cluster) transferTick(now time.Time) {
 	x := c.xfer
@@ -119,13 +119,16 @@ func (c *cluster) transferTick(now time.Time) {
 		if !h.up || c.r.Float64() >= x.askP {
 			continue
 		}
-		ask := h.core.Pressure(now, c.pressure(c.keys))
-		if ask == nil {
-			continue
-		}
-		for j := range c.regs {
-			if j != i {
-				c.sendTransfer(i, j, now, xmsg{ask: ask})
+		// The last read's ask repeated (Core.Reask, due half an ask
+		// interval after it: ticks are further apart), then a new read.
+		for _, ask := range []*Ask{h.core.Reask(now), h.core.Pressure(now, c.pressure(c.keys))} {
+			if ask == nil {
+				continue
+			}
+			for j := range c.regs {
+				if j != i {
+					c.sendTransfer(i, j, now, xmsg{ask: ask})
+				}
 			}
 		}
 	}

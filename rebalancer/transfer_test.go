@@ -1,6 +1,7 @@
 package rebalancer
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -227,6 +228,15 @@ func TestDuplicateGiveRefused(t *testing.T) {
 	assert.Nil(t, g2)
 	assert.Empty(t, ups)
 	assert.Equal(t, before, share(p.a, hot))
+	ups, g2, err = p.a.ReceiveAsk(now.Add(249*time.Millisecond), ask, nil)
+	require.NoError(t, err)
+	assert.Nil(t, g2, "a quarter of an AskInterval: still a duplicate")
+	assert.Empty(t, ups)
+	// Half an interval after the gift it is the asker's next ask (the read
+	// after a re-ask), answered.
+	_, g2, err = p.a.ReceiveAsk(now.Add(500*time.Millisecond), ask, nil)
+	require.NoError(t, err)
+	assert.NotNil(t, g2)
 }
 
 // cutOff runs epochs in which b hears nothing from a until b's decision
@@ -545,4 +555,118 @@ func TestGiveNoiseFollowsThePressureWindow(t *testing.T) {
 			assert.Equal(t, 90_000-giveNoise(1000, w), g.Keys[0].Amount.RateMilli)
 		})
 	}
+}
+
+// An ask refused because the giver's own gateways still rejected some of
+// the key (its last flush before the traffic left) is asked again half an
+// ask interval later (Core.Reask), once, with the same demand, and the
+// giver, whose next read no longer lists the key, gives. An ask that got
+// a gift is not repeated (the next read asks for the rest), nor is one
+// for a key under pressure for more than two ask intervals (a busy key,
+// not a shift: repeats there moved share on noise).
+func TestReaskAfterARefusedAsk(t *testing.T) {
+	pressure := []Pressure{{Key: hot, DemandMilli: 100_000}}
+	t.Run("refused, then given", func(t *testing.T) {
+		p := newTransferPair(t)
+		now := p.now()
+		p.a.Pressure(now.Add(-100*time.Millisecond), []Pressure{{Key: hot, DemandMilli: 40_000}})
+		ask := p.b.Pressure(now, pressure)
+		require.NotNil(t, ask)
+		assert.Equal(t, now.Add(500*time.Millisecond), p.b.ReaskAt())
+		_, g, err := p.a.ReceiveAsk(now, ask, []Pressure{{Key: hot, DemandMilli: 40_000}})
+		require.NoError(t, err)
+		require.Nil(t, g, "a's gateways reject some of it: no spare")
+		assert.Nil(t, p.b.Reask(now.Add(499*time.Millisecond)), "not before ReaskAt")
+		p.a.Pressure(now.Add(200*time.Millisecond), nil) // a's flush without the traffic
+		again := p.b.Reask(now.Add(500 * time.Millisecond))
+		require.NotNil(t, again)
+		assert.Equal(t, ask.Keys, again.Keys, "the same need: nothing came in between")
+		assert.True(t, p.b.ReaskAt().IsZero())
+		assert.Nil(t, p.b.Reask(now.Add(time.Second)), "once per read")
+		_, g, err = p.a.ReceiveAsk(now.Add(500*time.Millisecond), again, nil)
+		require.NoError(t, err)
+		require.NotNil(t, g)
+		assert.Equal(t, int64(1), p.b.Stats().Reasks)
+		assert.Equal(t, int64(2), p.b.Stats().Asks)
+	})
+	t.Run("a gift in between: the next read asks for the rest", func(t *testing.T) {
+		p := newTransferPair(t)
+		now := p.now()
+		ask := p.b.Pressure(now, pressure)
+		require.NotNil(t, ask)
+		need := ask.Keys[0].Need.RateMilli
+		g := &Give{From: "a", To: "b", ID: 1, Transfer: p.m + 1, Keys: []GiveKey{{Key: hot, Amount: shares.Share{RateMilli: need - 5_000, BurstMilli: 2 * (need - 5_000)}}}}
+		_, err := p.b.ReceiveGive(now.Add(100*time.Millisecond), g)
+		require.NoError(t, err)
+		assert.Nil(t, p.b.Reask(now.Add(500*time.Millisecond)), "answered: not repeated")
+		next := p.b.Pressure(now.Add(time.Second), pressure)
+		require.NotNil(t, next)
+		assert.Equal(t, int64(5_000), next.Keys[0].Need.RateMilli)
+	})
+	t.Run("given enough, no re-ask", func(t *testing.T) {
+		p := newTransferPair(t)
+		now := p.now()
+		ask := p.b.Pressure(now, pressure)
+		require.NotNil(t, ask)
+		need := ask.Keys[0].Need
+		g := &Give{From: "a", To: "b", ID: 1, Transfer: p.m + 1, Keys: []GiveKey{{Key: hot, Amount: need}}}
+		_, err := p.b.ReceiveGive(now.Add(100*time.Millisecond), g)
+		require.NoError(t, err)
+		assert.Nil(t, p.b.Reask(now.Add(500*time.Millisecond)))
+	})
+	t.Run("a read in between", func(t *testing.T) {
+		p := newTransferPair(t)
+		now := p.now()
+		require.NotNil(t, p.b.Pressure(now, pressure))
+		// Woken by another gateway's flush: within the spacing it asks
+		// nothing and the re-ask stays due, with the newer demand.
+		assert.Nil(t, p.b.Pressure(now.Add(200*time.Millisecond), []Pressure{{Key: hot, DemandMilli: 90_000}}))
+		assert.Equal(t, now.Add(500*time.Millisecond), p.b.ReaskAt())
+		again := p.b.Reask(now.Add(500 * time.Millisecond))
+		require.NotNil(t, again)
+		q := newTransferPair(t)
+		want := q.b.Pressure(now, []Pressure{{Key: hot, DemandMilli: 90_000}})
+		require.NotNil(t, want)
+		assert.Equal(t, want.Keys, again.Keys, "the need of the newer read")
+		// The traffic left: a read that no longer lists the key leaves
+		// nothing to repeat.
+		p = newTransferPair(t)
+		require.NotNil(t, p.b.Pressure(now, pressure))
+		assert.Nil(t, p.b.Pressure(now.Add(300*time.Millisecond), nil))
+		assert.Nil(t, p.b.Reask(now.Add(500*time.Millisecond)))
+	})
+	t.Run("a re-ask does not delay the next read's ask", func(t *testing.T) {
+		p := newTransferPair(t)
+		now := p.now()
+		require.NotNil(t, p.b.Pressure(now, pressure))
+		require.NotNil(t, p.b.Reask(now.Add(500*time.Millisecond)))
+		assert.NotNil(t, p.b.Pressure(now.Add(600*time.Millisecond), pressure), "half an interval after the ask it repeats")
+	})
+	t.Run("not counted among the asks of the period, only early in a run of pressure", func(t *testing.T) {
+		p := newTransferPair(t)
+		now := p.now()
+		var got []string
+		for i := range 4 {
+			at := now.Add(time.Duration(i) * time.Second)
+			if p.b.Pressure(at, pressure) != nil {
+				got = append(got, fmt.Sprintf("ask %d.0", i))
+			}
+			if p.b.Reask(at.Add(500*time.Millisecond)) != nil {
+				got = append(got, fmt.Sprintf("re-ask %d.5", i))
+			}
+		}
+		assert.Equal(t, []string{"ask 0.0", "re-ask 0.5", "ask 1.0", "re-ask 1.5", "ask 2.0"}, got,
+			"three asks a period without a gift; each re-asked while the key's pressure is at most two ask intervals old")
+		assert.Equal(t, int64(2), p.b.Stats().Reasks)
+	})
+	t.Run("a new run of pressure re-asks again", func(t *testing.T) {
+		p := newTransferPair(t)
+		now := p.now()
+		require.NotNil(t, p.b.Pressure(now, pressure))
+		p.b.Pressure(now.Add(time.Second), nil) // the pressure ended
+		p.step(80_000, 0)                       // a new period
+		at := p.now()
+		require.NotNil(t, p.b.Pressure(at, pressure))
+		assert.NotNil(t, p.b.Reask(at.Add(500*time.Millisecond)))
+	})
 }

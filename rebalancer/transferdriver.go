@@ -401,6 +401,24 @@ func (d *Driver) pressure(ctx context.Context, now time.Time, tr *transferLoop) 
 	}
 }
 
+// reask asks again for what the last pressure read asked for when it is
+// still missing (Core.Reask), half an ask interval after that ask: a
+// giver's refusal is not sent, so the asker cannot wait for one.
+func (d *Driver) reask(tr *transferLoop, now time.Time) {
+	ask := d.core.Reask(now)
+	if ask == nil || len(ask.Keys) == 0 {
+		return
+	}
+	d.log.Debug("rebalancer: pressure re-ask", "keys", len(ask.Keys))
+	d.publish(tr, transferPublish{ask: ask, info: TransferInfo{Kind: AskSent, Keys: len(ask.Keys)}})
+}
+
+// reaskDue reports whether Core.Reask is due at now.
+func (d *Driver) reaskDue(tr *transferLoop, now time.Time) bool {
+	at := d.core.ReaskAt()
+	return tr.in != nil && !at.IsZero() && !now.Before(at)
+}
+
 // applyTransfer handles one message of the transfer bus.
 func (d *Driver) applyTransfer(ctx context.Context, tr *transferLoop, m transferIn) {
 	region := d.core.Config().Region

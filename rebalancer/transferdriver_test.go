@@ -422,3 +422,98 @@ func TestDriverPressureWake(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// stalePressure is a wakingPressure that also lists keys[0] as under
+// pressure while staleUntil has not passed: the old region's gateways'
+// last flush, which still shows the rejections of the traffic that left.
+type stalePressure struct {
+	*wakingPressure
+	mu         sync.Mutex
+	staleUntil time.Time
+}
+
+func (p *stalePressure) Pressure(ctx context.Context, now time.Time) ([]Pressure, error) {
+	out, err := p.wakingPressure.Pressure(ctx, now)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now.Before(p.staleUntil) {
+		out = append(out, Pressure{Key: p.w.keys[0], DemandMilli: 1_000})
+	}
+	return out, err
+}
+
+// TestDriverReasksARefusedAsk: through two Drivers with production's
+// 1 s pressure interval, read in phase, the new region's first ask after
+// a shift is refused (the old region's last read still lists the key
+// under pressure); the old region is woken when its gateways flush
+// without the traffic, and the new region's re-ask half a second after
+// its ask is answered, so it holds 90% of L before its next read. In
+// virtual time.
+func TestDriverReasksARefusedAsk(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const epoch = 4 * time.Second
+		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
+		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
+		w := newWorld(t, []string{"eu", "us"}, lim, keys)
+		busyFrom := int64(math.MaxInt64) // the epoch from which us has the demand
+		w.demand = func(region string, e int64, _ Key) int64 {
+			if (e >= busyFrom) == (region == "us") {
+				return 4000 // 1000/s
+			}
+			return 0
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		eu := &stalePressure{wakingPressure: &wakingPressure{fakePressure: &fakePressure{w: w, region: "eu", epoch: epoch}, wake: make(chan struct{}, 1)}}
+		us := &wakingPressure{fakePressure: &fakePressure{w: w, region: "us", epoch: epoch}, wake: make(chan struct{})}
+		all := map[string]*memTransfers{}
+		logs := map[string]*transferLog{}
+		for _, name := range w.regions {
+			all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: all}
+		}
+		t0 := time.Now()
+		for _, name := range w.regions {
+			cfg := driverTestConfig()
+			cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, w.regions, epoch, time.Second
+			core, err := New(cfg, PolicyMap{"p": w.lim})
+			require.NoError(t, err)
+			var ps PressureSource = us
+			if name == "eu" {
+				ps = eu
+			}
+			logs[name] = &transferLog{}
+			d, err := NewDriver(core, DriverConfig{
+				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
+				Observer: logs[name], Pressure: ps, Transfers: all[name], PressureInterval: time.Second,
+			})
+			require.NoError(t, err)
+			go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
+		}
+		w.watch(12*epoch, keys[0])
+		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L")
+
+		// The shift 100 ms into an epoch, 100 ms after a read of both
+		// (they read at whole seconds after t0); eu's next read (at
+		// +0.9 s) still shows its gateways' rejections.
+		m := EpochOf(time.Now(), epoch) + 1
+		shift := EpochStart(m, epoch).Add(100 * time.Millisecond)
+		require.Equal(t, 100*time.Millisecond, shift.Sub(t0)%time.Second, "reads at whole seconds after t0, 100 ms before the shift")
+		eu.mu.Lock()
+		eu.staleUntil = shift.Add(time.Second)
+		eu.mu.Unlock()
+		time.Sleep(time.Until(shift))
+		w.mu.Lock()
+		busyFrom = m
+		w.mu.Unlock()
+		ask := shift.Add(900 * time.Millisecond) // us's first read after the shift: it asks
+		time.Sleep(time.Until(ask.Add(200 * time.Millisecond)))
+		synctest.Wait()
+		assert.Less(t, w.enforced("us", keys[0]).RateMilli, lim.RateMilli/10, "the ask was refused: eu still read pressure")
+		eu.wake <- struct{}{} // eu's gateways flush without the traffic
+		time.Sleep(time.Until(ask.Add(800 * time.Millisecond)))
+		synctest.Wait()
+		assert.Greater(t, w.enforced("us", keys[0]).RateMilli, lim.RateMilli*9/10, "the re-ask, half a second after the ask, was answered before us's next read")
+		assert.Equal(t, 1, logs["us"].count(GiveReceived, ""), "one give accepted")
+		cancel()
+		synctest.Wait()
+	})
+}

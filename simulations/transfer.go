@@ -137,7 +137,7 @@ func compareKey(a, b rebalancer.Key) int {
 }
 
 // transfers does what is due at now: the flush (a wake-up at a whole
-// second) and the pressure poll.
+// second), the pressure poll and the Core's re-ask (Core.Reask).
 func (c *RebalancerCoordinator) transfers(now time.Time, res *TickResult) {
 	if !c.core.Config().Transfers {
 		return
@@ -152,6 +152,11 @@ func (c *RebalancerCoordinator) transfers(now time.Time, res *TickResult) {
 			res.Publish = append(res.Publish, ask)
 		}
 	}
+	if at := c.core.ReaskAt(); !at.IsZero() && !now.Before(at) {
+		if ask := c.core.Reask(now); ask != nil {
+			res.Publish = append(res.Publish, ask)
+		}
+	}
 }
 
 // transferWake is the earliest transfer wake-up after now (zero: none).
@@ -162,6 +167,9 @@ func (c *RebalancerCoordinator) transferWake() time.Time {
 	w := c.fl.nextFlush
 	if p := c.fl.pollAt; !p.IsZero() && p.Before(w) {
 		w = p
+	}
+	if r := c.core.ReaskAt(); !r.IsZero() && r.Before(w) {
+		w = r
 	}
 	return w
 }
