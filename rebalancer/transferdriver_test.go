@@ -160,8 +160,9 @@ func (l *transferLog) count(kind TransferKind, reason string) int {
 }
 
 // transferRig is two or more Drivers with transfers over memTransfers
-// (each publication acknowledged after delay), 4 s epochs, MaxWait 1 s,
-// pressure read every 200 ms from pressure(region).
+// (each publication acknowledged after delay), MaxWait 1 s, pressure read
+// every 200 ms (startTransferRig) or every interval
+// (startTransferRigEvery) from pressure(region).
 type transferRig struct {
 	all     map[string]*memTransfers
 	logs    map[string]*transferLog
@@ -169,6 +170,10 @@ type transferRig struct {
 }
 
 func startTransferRig(t *testing.T, ctx context.Context, w *world, epoch, delay time.Duration, pressure func(region string) PressureSource) transferRig {
+	return startTransferRigEvery(t, ctx, w, epoch, delay, 200*time.Millisecond, pressure)
+}
+
+func startTransferRigEvery(t *testing.T, ctx context.Context, w *world, epoch, delay, interval time.Duration, pressure func(region string) PressureSource) transferRig {
 	rig := transferRig{all: map[string]*memTransfers{}, logs: map[string]*transferLog{}, drivers: map[string]*Driver{}}
 	for _, name := range w.regions {
 		rig.all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: rig.all, delay: delay}
@@ -182,7 +187,7 @@ func startTransferRig(t *testing.T, ctx context.Context, w *world, epoch, delay 
 		d, err := NewDriver(core, DriverConfig{
 			Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
 			Observer: rig.logs[name], Pressure: pressure(name), Transfers: rig.all[name],
-			PressureInterval: 200 * time.Millisecond,
+			PressureInterval: interval,
 		})
 		require.NoError(t, err)
 		rig.drivers[name] = d
@@ -269,6 +274,27 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 	})
 }
 
+// shiftWorld is a world of two regions, eu and us, sharing one key (L =
+// B = 300/s) whose demand, 1000/s, is all in eu until moveTo(m) moves it
+// to us from epoch m on.
+func shiftWorld(t *testing.T) (w *world, lim shares.Limit, keys []Key, moveTo func(m int64)) {
+	lim = shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
+	keys = []Key{{PolicyID: "p", Subject: "k:a"}}
+	w = newWorld(t, []string{"eu", "us"}, lim, keys)
+	busyFrom := int64(math.MaxInt64) // the epoch from which us has the demand
+	w.demand = func(region string, e int64, _ Key) int64 {
+		if (e >= busyFrom) == (region == "us") {
+			return 4000 // 1000/s
+		}
+		return 0
+	}
+	return w, lim, keys, func(m int64) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		busyFrom = m
+	}
+}
+
 // TestDriverSlowTransferBus: every ask, give and report takes 1 s to be
 // acknowledged (a far broker: twice the 500 ms bound transfer
 // publications had, within IOTimeout, Epoch/2), as in the deployed
@@ -279,17 +305,8 @@ func TestDriverGiveWaitsForItsWrite(t *testing.T) {
 func TestDriverSlowTransferBus(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const epoch = 4 * time.Second
-		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
-		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
-		w := newWorld(t, []string{"eu", "us"}, lim, keys)
+		w, lim, keys, moveTo := shiftWorld(t)
 		w.ackDelay = time.Second
-		busyFrom := int64(math.MaxInt64) // the epoch from which us has the demand
-		w.demand = func(region string, e int64, _ Key) int64 {
-			if (e >= busyFrom) == (region == "us") {
-				return 4000 // 1000/s
-			}
-			return 0
-		}
 		ctx, cancel := context.WithCancel(t.Context())
 		pressure := map[string]*wakingPressure{}
 		for _, name := range w.regions {
@@ -303,9 +320,7 @@ func TestDriverSlowTransferBus(t *testing.T) {
 
 		m := EpochOf(time.Now(), epoch) + 1
 		time.Sleep(time.Until(EpochStart(m, epoch).Add(100 * time.Millisecond)))
-		w.mu.Lock()
-		busyFrom = m
-		w.mu.Unlock()
+		moveTo(m)
 		w.watch(epoch-500*time.Millisecond, keys[0])
 		assert.Greater(t, w.enforced("us", keys[0]).RateMilli, lim.RateMilli*9/10, "us holds most of L within the epoch")
 		assert.Positive(t, logs["us"].count(GiveReceived, ""), "us accepted gives")
@@ -452,42 +467,17 @@ func (p *stalePressure) Pressure(ctx context.Context, now time.Time) ([]Pressure
 func TestDriverReasksARefusedAsk(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const epoch = 4 * time.Second
-		lim := shares.Limit{RateMilli: 300_000, BurstMilli: 300_000, Regions: 2}
-		keys := []Key{{PolicyID: "p", Subject: "k:a"}}
-		w := newWorld(t, []string{"eu", "us"}, lim, keys)
-		busyFrom := int64(math.MaxInt64) // the epoch from which us has the demand
-		w.demand = func(region string, e int64, _ Key) int64 {
-			if (e >= busyFrom) == (region == "us") {
-				return 4000 // 1000/s
-			}
-			return 0
-		}
+		w, lim, keys, moveTo := shiftWorld(t)
 		ctx, cancel := context.WithCancel(t.Context())
 		eu := &stalePressure{wakingPressure: &wakingPressure{fakePressure: &fakePressure{w: w, region: "eu", epoch: epoch}, wake: make(chan struct{}, 1)}}
 		us := &wakingPressure{fakePressure: &fakePressure{w: w, region: "us", epoch: epoch}, wake: make(chan struct{})}
-		all := map[string]*memTransfers{}
-		logs := map[string]*transferLog{}
-		for _, name := range w.regions {
-			all[name] = &memTransfers{w: w, region: name, inbox: make(chan transferIn, 1024), all: all}
-		}
 		t0 := time.Now()
-		for _, name := range w.regions {
-			cfg := driverTestConfig()
-			cfg.Region, cfg.Regions, cfg.Epoch, cfg.MaxWait = name, w.regions, epoch, time.Second
-			core, err := New(cfg, PolicyMap{"p": w.lim})
-			require.NoError(t, err)
-			var ps PressureSource = us
+		rig := startTransferRigEvery(t, ctx, w, epoch, 0, time.Second, func(name string) PressureSource {
 			if name == "eu" {
-				ps = eu
+				return eu
 			}
-			logs[name] = &transferLog{}
-			d, err := NewDriver(core, DriverConfig{
-				Usage: &fakeSource{w: w, region: name}, Shares: &fakeSink{w: w, region: name}, Bus: w.ports[name],
-				Observer: logs[name], Pressure: ps, Transfers: all[name], PressureInterval: time.Second,
-			})
-			require.NoError(t, err)
-			go func() { assert.ErrorIs(t, d.Run(ctx), context.Canceled) }()
-		}
+			return us
+		})
 		w.watch(12*epoch, keys[0])
 		require.Greater(t, w.enforced("eu", keys[0]).RateMilli, lim.RateMilli*9/10, "eu holds most of L")
 
@@ -501,9 +491,7 @@ func TestDriverReasksARefusedAsk(t *testing.T) {
 		eu.staleUntil = shift.Add(time.Second)
 		eu.mu.Unlock()
 		time.Sleep(time.Until(shift))
-		w.mu.Lock()
-		busyFrom = m
-		w.mu.Unlock()
+		moveTo(m)
 		ask := shift.Add(900 * time.Millisecond) // us's first read after the shift: it asks
 		time.Sleep(time.Until(ask.Add(200 * time.Millisecond)))
 		synctest.Wait()
@@ -512,7 +500,7 @@ func TestDriverReasksARefusedAsk(t *testing.T) {
 		time.Sleep(time.Until(ask.Add(800 * time.Millisecond)))
 		synctest.Wait()
 		assert.Greater(t, w.enforced("us", keys[0]).RateMilli, lim.RateMilli*9/10, "the re-ask, half a second after the ask, was answered before us's next read")
-		assert.Equal(t, 1, logs["us"].count(GiveReceived, ""), "one give accepted")
+		assert.Equal(t, 1, rig.logs["us"].count(GiveReceived, ""), "one give accepted")
 		cancel()
 		synctest.Wait()
 	})
