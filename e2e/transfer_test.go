@@ -320,6 +320,16 @@ func TestBinariesTransferAfterShift(t *testing.T) {
 	require.False(t, admitAt.IsZero(), "%s never admitted 90%% of L in a second", to)
 	assert.True(t, admitAt.Before(epochEnd.Add(time.Second)), "%s admitted 90%% of L over a second %v after the shift: later than its epoch's end plus that second", to, admitAt.Sub(shifted))
 	assert.Less(t, errs.Load(), int64(len(answers)/1000+1), "requests that got neither 200 nor 429 (last: %v)", lastErr.Load())
+	// A refused ask early in the shift is repeated half an interval later
+	// (rebalancer.Core.Reask), not a whole pressure interval (1 s) later
+	// at the next read.
+	refused := refusedAsks(logs, to, shifted)
+	if len(refused) == 0 {
+		t.Logf("no ask of %s in the shift's first 1.5 s was refused by every region: the re-ask was not needed in this run", to)
+	}
+	for _, r := range refused {
+		assert.Less(t, r.again, 900*time.Millisecond, "%s's ask at %+.2fs, refused by every region, was asked again only %v later", to, r.at.Sub(shifted).Seconds(), r.again)
+	}
 
 	// Σ admitted over any window of W whole seconds <= B + L*(W + 0.5).
 	var all []time.Time
@@ -396,6 +406,63 @@ func transferLogs(t *testing.T, region, path string, from, to time.Time) []trans
 		out = append(out, transferLog{region: region, at: at, what: strings.TrimPrefix(msg, "rebalancer: ") + " " + strings.Join(attrs, " ")})
 	}
 	return out
+}
+
+// refusedAsk is an ask every other region answered with nothing, and the
+// time until the asker's next ask (a re-ask or a new read's).
+type refusedAsk struct {
+	at    time.Time
+	again time.Duration
+}
+
+// refusedAsks returns the asks region published within 1.5 s of its first
+// ask after shifted (the first two pressure intervals of the key's run of
+// pressure, where a refused ask is repeated) that every other region
+// answered and none gave for, with the time to the region's next ask
+// (from logs, sorted by time). Left out: an ask without a next ask in the
+// logs, and one whose next ask follows the asker's next collection (its
+// report epoch differs): a new report period starts the asks afresh and
+// repeats none of the last period's.
+func refusedAsks(logs []transferLog, region string, shifted time.Time) []refusedAsk {
+	type ask struct {
+		at    time.Time
+		epoch string
+	}
+	var asks []ask
+	for _, l := range logs {
+		if l.region == region && !l.at.Before(shifted) && strings.HasPrefix(l.what, "ask published ") {
+			asks = append(asks, ask{at: l.at, epoch: attr(l.what, "epoch")})
+		}
+	}
+	var out []refusedAsk
+	for i := 0; i+1 < len(asks) && asks[i].at.Sub(asks[0].at) <= 1500*time.Millisecond; i++ {
+		if asks[i].epoch != asks[i+1].epoch {
+			continue
+		}
+		answered, gave := map[string]bool{}, false
+		for _, l := range logs {
+			if l.region == region || l.at.Before(asks[i].at) || !l.at.Before(asks[i+1].at) || !strings.HasPrefix(l.what, "ask answered ") || attr(l.what, "from") != region {
+				continue
+			}
+			answered[l.region] = true
+			gave = gave || attr(l.what, "gave_keys") != "0"
+		}
+		if len(answered) == len(regions)-1 && !gave {
+			out = append(out, refusedAsk{at: asks[i].at, again: asks[i+1].at.Sub(asks[i].at)})
+		}
+	}
+	return out
+}
+
+// attr returns the value of key=value in a transferLog's what ("" if
+// absent).
+func attr(what, key string) string {
+	for _, f := range strings.Fields(what) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // limitMilli holds a policy's limit in milli units and its default share.
