@@ -109,8 +109,9 @@ func (c *cluster) pressure(keys []Key) []Pressure {
 
 // transferTick runs one round of asks and gives at now: regions repeat
 // their last ask (Core.Reask), read their pressure and ask; due asks and
-// gives are delivered in random order and answered; every write is applied to the store, and the enforced sum is
-// checked after each (c.apply).
+// gives are delivered in random order and answered; every write is
+// applied to the store, and the enforced sum is checked after each
+// (c.apply).
 func (c *cluster) transferTick(now time.Time) {
 	x := c.xfer
 	x.tick++
