@@ -670,3 +670,19 @@ func TestReaskAfterARefusedAsk(t *testing.T) {
 		assert.NotNil(t, p.b.Reask(at.Add(500*time.Millisecond)))
 	})
 }
+
+// A collection between an ask and its re-ask starts a new report period:
+// the re-ask still goes out, for the new period (through the binaries'
+// 5 s epochs a collection 0.9 s after the shift fell there in two runs of
+// three and cost a second).
+func TestReaskAcrossACollection(t *testing.T) {
+	p := newTransferPair(t)
+	collectAt := EpochStart(p.m+2, 10*time.Second).Add(time.Second)
+	askAt := collectAt.Add(-300 * time.Millisecond)
+	ask := p.b.Pressure(askAt, []Pressure{{Key: hot, DemandMilli: 100_000}})
+	require.NotNil(t, ask)
+	p.collect(80_000, 100_000)
+	again := p.b.Reask(askAt.Add(500 * time.Millisecond))
+	require.NotNil(t, again)
+	assert.Equal(t, ask.Epoch+1, again.Epoch, "asked for the new period")
+}
